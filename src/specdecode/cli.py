@@ -1,0 +1,169 @@
+"""The `specdecode` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from specdecode.core.sampling import SamplingParams
+from specdecode.decoding import GenerationResult
+from specdecode.models.loading import DEFAULT_TARGET
+from specdecode.pipeline import DEFAULT_DRAFT, Pipeline, incremental_text
+
+__all__ = ["main", "build_parser"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specdecode", description="Exact speculative decoding for Hugging Face models.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    gen = commands.add_parser("generate", help="generate text from a prompt with speculative decoding")
+    gen.add_argument("prompt", nargs="?", help="the prompt (or use --prompt-file)")
+    gen.add_argument("--prompt-file", type=Path, help="Spec-Bench-style JSONL: the first turn of each line is a prompt")
+    gen.add_argument("--limit", type=int, help="with --prompt-file: use only the first N prompts")
+    gen.add_argument("--target", default=DEFAULT_TARGET, help=f"target model: {DEFAULT_TARGET} (default), a .gguf file or an HF directory/id")
+    gen.add_argument("--draft", default=DEFAULT_DRAFT, help="draft: 'ngram' (prompt lookup, default), 'none' (target alone), or a model path/id")
+    gen.add_argument("--gamma", type=int, default=4, help="draft tokens per target call (default 4)")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    gen.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens")
+    gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1]")
+    gen.add_argument("--max-new-tokens", type=int, default=128)
+    gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None, help="apply the chat template (default: when the tokenizer has one)")
+    gen.add_argument("--compare", action="store_true", help="also run the target alone; report speedup and whether greedy outputs match")
+    gen.add_argument("--json", action="store_true", help="print one JSON object per prompt instead of streaming text")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        prompts = _prompts(args)
+        sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+        if args.gamma < 1:
+            raise ValueError(f"gamma must be an integer >= 1, got {args.gamma}")
+        if args.max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {args.max_new_tokens}")
+    except ValueError as error:
+        parser.error(str(error))
+    pipeline = Pipeline.load(args.target, args.draft, args.gamma)
+    _warm_up(pipeline)
+    progress = _progress(prompts, enabled=args.prompt_file is not None and sys.stderr.isatty())
+    for extra, prompt in progress:
+        _run_one(pipeline, prompt, extra, sampling, args)
+    return 0
+
+
+def _prompts(args) -> list[tuple[dict, str]]:
+    if (args.prompt is None) == (args.prompt_file is None):
+        raise ValueError("give either a prompt or --prompt-file")
+    if args.prompt is not None:
+        if not args.prompt.strip():
+            raise ValueError("prompt must be a non-empty string")
+        return [({}, args.prompt)]
+    if not args.prompt_file.is_file():
+        raise ValueError(f"prompt-file: {args.prompt_file} not found")
+    prompts = []
+    for number, line in enumerate(args.prompt_file.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            turn = record["turns"][0]
+        except (json.JSONDecodeError, KeyError, IndexError, TypeError) as error:
+            raise ValueError(f"prompt-file: line {number} is not a Spec-Bench question with 'turns' ({error})") from error
+        prompts.append(({k: record[k] for k in ("question_id", "category") if k in record}, turn))
+    if args.limit is not None:
+        if args.limit < 1:
+            raise ValueError(f"limit must be >= 1, got {args.limit}")
+        prompts = prompts[: args.limit]
+    return prompts
+
+
+def _progress(prompts, enabled: bool) -> Iterator:
+    if not enabled:
+        return iter(prompts)
+    from tqdm import tqdm
+
+    return iter(tqdm(prompts, desc="prompts", unit="prompt"))
+
+
+def _warm_up(pipeline: Pipeline) -> None:
+    """One short run so first-call costs (allocations, lazy init) land in neither timing."""
+    ids = pipeline.encode("Hello", chat=False)
+    pipeline.generate(ids, max_new_tokens=2, sampling=SamplingParams(0.0))
+
+
+def _run_one(pipeline: Pipeline, prompt: str, extra: dict, sampling: SamplingParams, args) -> None:
+    prompt_ids = pipeline.encode(prompt, args.chat)
+    options = dict(max_new_tokens=args.max_new_tokens, sampling=sampling, stop=args.stop, seed=args.seed)
+    tokens = pipeline.stream(prompt_ids, **options)
+    if args.json:
+        result = tokens.run()
+    else:
+        for piece in incremental_text(pipeline, iter(tokens), args.stop):
+            print(piece, end="", flush=True)
+        print()
+        result = tokens.result
+    baseline = pipeline.generate(prompt_ids, speculative=False, **options) if args.compare else None
+
+    if args.json:
+        print(json.dumps(_record(pipeline, result, baseline, sampling, args.stop, extra)), flush=True)
+    else:
+        print(_summary(result, baseline, sampling, pipeline), file=sys.stderr, flush=True)
+
+
+def _record(pipeline, result: GenerationResult, baseline: GenerationResult | None, sampling, stop, extra: dict) -> dict:
+    stats = result.stats
+    record = {
+        **extra,
+        "text": pipeline.text(result.token_ids, stop),
+        "token_ids": result.token_ids,
+        "finish_reason": result.finish_reason,
+        "draft": pipeline.drafter.name if pipeline.drafter else None,
+        "stats": stats.to_dict(),
+    }
+    if baseline is not None:
+        record["baseline"] = {
+            "token_ids": baseline.token_ids,
+            "tokens_per_s": baseline.stats.tokens_per_s,
+            "seconds": baseline.stats.seconds,
+        }
+        record["identical"] = baseline.token_ids == result.token_ids if sampling.greedy else None
+        record["speedup"] = _speedup(result, baseline)
+    return record
+
+
+def _speedup(result: GenerationResult, baseline: GenerationResult) -> float | None:
+    if baseline.stats.tokens_per_s <= 0:
+        return None
+    return result.stats.tokens_per_s / baseline.stats.tokens_per_s
+
+
+def _summary(result: GenerationResult, baseline: GenerationResult | None, sampling, pipeline) -> str:
+    s = result.stats
+    alpha = "n/a" if s.alpha is None else f"{s.alpha:.2f}"
+    draft = pipeline.drafter.name if pipeline.drafter else "none"
+    line = (
+        f"[{draft} gamma={pipeline.gamma}] {s.new_tokens} tokens in {s.seconds:.2f}s ({s.tokens_per_s:.1f} tok/s), "
+        f"{s.target_calls} target calls, {s.mean_accepted:.2f} tokens/call, alpha {alpha}, "
+        f"time target {s.target_seconds:.2f}s / draft {s.draft_seconds:.2f}s / other {s.overhead_seconds:.2f}s, "
+        f"finish: {result.finish_reason}"
+    )
+    if baseline is not None:
+        speedup = _speedup(result, baseline)
+        line += f"\n[target alone] {baseline.stats.new_tokens} tokens in {baseline.stats.seconds:.2f}s ({baseline.stats.tokens_per_s:.1f} tok/s)"
+        line += f"; speedup {speedup:.2f}x" if speedup else ""
+        if sampling.greedy:
+            same = baseline.token_ids == result.token_ids
+            line += "; greedy outputs identical" if same else "; GREEDY OUTPUTS DIFFER (this is a bug, please report it)"
+    return line
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,64 @@
+"""The drafter protocol: propose gamma tokens and, optionally, the distributions they came from.
+
+Drafters know nothing about acceptance (as vLLM's proposers); the decoding loop
+reports the outcome of each verification through `observe`, a feedback hook a
+drafter may use to adapt (as Hugging Face's candidate generators).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from specdecode.core.sampling import SamplingParams
+
+__all__ = ["Draft", "Drafter"]
+
+
+@dataclass(frozen=True)
+class Draft:
+    """Proposed tokens [g] and the exact distributions q [g, V] they were sampled from.
+
+    probs is None for a deterministic draft (q is one-hot at each proposed token).
+    """
+
+    tokens: torch.Tensor
+    probs: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.tokens.dim() != 1:
+            raise ValueError(f"Draft.tokens must be 1-D, got shape {tuple(self.tokens.shape)}")
+        if self.probs is not None and (self.probs.dim() != 2 or self.probs.shape[0] != self.tokens.shape[0]):
+            raise ValueError(
+                f"Draft.probs must have shape [{self.tokens.shape[0]}, V], got {tuple(self.probs.shape)}"
+            )
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @staticmethod
+    def empty() -> "Draft":
+        return Draft(torch.zeros(0, dtype=torch.long))
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """A swappable source of draft tokens."""
+
+    name: str
+
+    def start(self, prompt_ids: torch.Tensor) -> None:
+        """Begin a new sequence with prompt_ids [P]."""
+        ...
+
+    def propose(
+        self, generated: torch.Tensor, gamma: int, sampling: SamplingParams, generator: torch.Generator | None
+    ) -> Draft:
+        """Propose up to gamma tokens to follow prompt + generated [G] (fewer, even none, is allowed)."""
+        ...
+
+    def observe(self, draft: Draft, num_accepted: int) -> None:
+        """Feedback after verification: how many tokens of `draft` the target kept."""
+        ...

@@ -1,0 +1,81 @@
+"""A drafter backed by any `LanguageModel` (a smaller model of the target's family)."""
+
+from __future__ import annotations
+
+import torch
+
+from specdecode.core.sampling import SamplingParams, probabilities, sample
+from specdecode.drafters.base import Draft
+from specdecode.models.base import LanguageModel
+
+__all__ = ["ModelDrafter"]
+
+
+class ModelDrafter:
+    """Samples gamma tokens autoregressively from a draft model and returns the q they came from.
+
+    The draft model's cache is kept in step with the sequence by its longest common
+    prefix with the tokens generated so far, so rejected draft tokens are rolled back
+    and accepted ones are never fed twice.
+    """
+
+    def __init__(self, model: LanguageModel) -> None:
+        self.model = model
+        self.name = f"model:{model.name}"
+        self.forward_calls = 0
+        self._fed = torch.zeros(0, dtype=torch.long)  # generated tokens in the draft's cache
+        self._prompt_logits: torch.Tensor | None = None  # [V] after the prompt
+        self._last_logits: torch.Tensor | None = None  # [V] after self._fed, when known
+
+    def start(self, prompt_ids: torch.Tensor) -> None:
+        self._prompt_logits = self.model.prefill(prompt_ids)
+        self.forward_calls += 1
+        self._fed = torch.zeros(0, dtype=torch.long)
+        self._last_logits = self._prompt_logits
+
+    def _sync(self, generated: torch.Tensor) -> torch.Tensor:
+        """Bring the draft's cache to prompt + generated; return the next-token logits [V]."""
+        if self._prompt_logits is None:
+            raise RuntimeError("call start() before propose()")
+        n = min(len(self._fed), len(generated))
+        differs = (self._fed[:n] != generated[:n]).nonzero()
+        common = int(differs[0]) if len(differs) else n
+        if common < len(self._fed):
+            self.model.rollback(common)
+            self._fed = self._fed[:common]
+            self._last_logits = self._prompt_logits if common == 0 else None
+        if self._last_logits is None and common == len(generated):  # nothing new to feed, but its logits were dropped
+            common -= 1
+            self.model.rollback(common)
+            self._fed = self._fed[:common]
+        to_feed = generated[common:]
+        if len(to_feed):
+            self._last_logits = self.model.extend(to_feed)[-1]
+            self.forward_calls += 1
+            self._fed = generated.clone()
+        return self._last_logits
+
+    def propose(
+        self, generated: torch.Tensor, gamma: int, sampling: SamplingParams, generator: torch.Generator | None
+    ) -> Draft:
+        logits = self._sync(generated)
+        gamma = min(gamma, self.model.room() + 1)  # each token but the last is fed back
+        tokens: list[int] = []
+        probs: list[torch.Tensor] = []
+        for i in range(gamma):
+            q = probabilities(logits, sampling)
+            token = int(q.argmax()) if sampling.greedy else int(sample(q, generator))
+            tokens.append(token)
+            probs.append(q)
+            if i + 1 < gamma:
+                logits = self.model.extend(torch.tensor([token]))[-1]
+                self.forward_calls += 1
+                self._fed = torch.cat([self._fed, torch.tensor([token])])
+                self._last_logits = logits
+        token_tensor = torch.tensor(tokens, dtype=torch.long)
+        if sampling.greedy or not tokens:  # q is one-hot at each proposed token
+            return Draft(token_tensor)
+        return Draft(token_tensor, torch.stack(probs))
+
+    def observe(self, draft: Draft, num_accepted: int) -> None:
+        """Rollback happens lazily in the next `propose`, when the sequence is known."""

@@ -1,0 +1,57 @@
+"""Prompt-lookup drafting: copy what followed the longest earlier match of the context's suffix."""
+
+from __future__ import annotations
+
+import torch
+
+from specdecode.core.sampling import SamplingParams
+from specdecode.drafters.base import Draft
+
+__all__ = ["PromptLookupDrafter"]
+
+
+class PromptLookupDrafter:
+    """Deterministic n-gram drafter (Saxena's prompt lookup decoding).
+
+    Finds the longest suffix of the context (max_ngram tokens down to min_ngram)
+    that occurred earlier in the context (prompt + generated) and proposes the
+    tokens that followed its most recent occurrence. The draft is one-hot (no q).
+    """
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
+        if min_ngram < 1:
+            raise ValueError(f"min_ngram must be >= 1, got {min_ngram}")
+        if max_ngram < min_ngram:
+            raise ValueError(f"max_ngram must be >= min_ngram ({min_ngram}), got {max_ngram}")
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+        self.name = f"ngram:{min_ngram}-{max_ngram}"
+        self._prompt = torch.zeros(0, dtype=torch.long)
+
+    def start(self, prompt_ids: torch.Tensor) -> None:
+        self._prompt = prompt_ids.to(torch.long)
+
+    def propose(
+        self, generated: torch.Tensor, gamma: int, sampling: SamplingParams, generator: torch.Generator | None
+    ) -> Draft:
+        context = torch.cat([self._prompt, generated.to(torch.long)])
+        return Draft(find_continuation(context, gamma, self.max_ngram, self.min_ngram))
+
+    def observe(self, draft: Draft, num_accepted: int) -> None:
+        """Stateless: nothing to learn from the outcome."""
+
+
+def find_continuation(context: torch.Tensor, gamma: int, max_ngram: int, min_ngram: int = 1) -> torch.Tensor:
+    """Up to gamma tokens that followed the most recent earlier occurrence of the longest matching suffix.
+
+    context: [L] token ids. Returns [g] with 0 <= g <= gamma (empty when nothing matches).
+    """
+    length = context.shape[0]
+    for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
+        suffix = context[length - n :]
+        windows = context[: length - 1].unfold(0, n, 1)  # [L - n, n]: every n-gram that has a successor
+        starts = (windows == suffix).all(dim=1).nonzero().flatten()
+        if len(starts):
+            begin = int(starts[-1]) + n
+            return context[begin : begin + gamma].clone()
+    return torch.zeros(0, dtype=torch.long)

