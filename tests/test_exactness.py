@@ -1,0 +1,149 @@
+"""End-to-end exactness: speculative samples are distributed exactly as the target's own samples.
+
+A weightless table model with a small vocabulary stands in for the target, so the
+exact distribution over every continuation can be enumerated and compared with
+the empirical distribution of tens of thousands of speculative samples (chi-square,
+fixed seeds). The first token of each continuation is fixed by a peaked table row
+only where noted; otherwise all tokens count.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+from mock_models import SuccessorDrafter, TableModel
+from scipy.stats import chisquare
+
+from specdecode.core.sampling import SamplingParams
+from specdecode.decoding import generate
+from specdecode.drafters import BigramDrafter, ModelDrafter, PromptLookupDrafter, UnigramDrafter
+
+PROMPT = [0, 1]
+P_VALUE_FLOOR = 1e-3
+
+
+def chi_square_pvalue(target: TableModel, drafter, sampling, length, gamma, samples, seed=0) -> tuple[float, float]:
+    """(p-value, total variation) of speculative samples against the exact distribution."""
+    exact = target.sequence_distribution(PROMPT, length, sampling)
+    g = torch.Generator().manual_seed(seed)
+    counts: Counter = Counter()
+    for _ in range(samples):
+        result = generate(
+            target, PROMPT, drafter=drafter, gamma=gamma, max_new_tokens=length, sampling=sampling, generator=g
+        )
+        counts[tuple(result.token_ids)] += 1
+    impossible = [seq for seq in counts if seq not in exact]
+    assert not impossible, f"sampled continuations the target gives probability 0: {impossible[:3]}"
+    cells = sorted(exact, key=exact.get, reverse=True)
+    observed, expected, rest_obs, rest_exp = [], [], 0, 0.0
+    for seq in cells:  # cells expected fewer than 5 times are pooled into one
+        if exact[seq] * samples >= 5:
+            observed.append(counts[seq])
+            expected.append(exact[seq] * samples)
+        else:
+            rest_obs += counts[seq]
+            rest_exp += exact[seq] * samples
+    if rest_exp > 0:
+        observed.append(rest_obs)
+        expected.append(rest_exp)
+    scale = samples / sum(expected)  # float rounding of the enumerated probabilities
+    expected = [e * scale for e in expected]
+    tv = 0.5 * sum(abs(counts[s] / samples - exact[s]) for s in exact)
+    return chisquare(observed, expected).pvalue, tv
+
+
+def _draft(vocab, seed=1, **kwargs):
+    return ModelDrafter(TableModel(vocab, seed, **kwargs))
+
+
+CASES = {
+    # name: (target kwargs, drafter factory, sampling, vocab, length, gamma)
+    "T=1 gamma=1": (dict(), lambda v: _draft(v), SamplingParams(1.0), 8, 3, 1),
+    "T=1 gamma=4": (dict(), lambda v: _draft(v), SamplingParams(1.0), 4, 6, 4),
+    "T=0.7 top-k=3": (dict(), lambda v: _draft(v), SamplingParams(0.7, top_k=3), 8, 3, 2),
+    "top-p=0.8": (dict(), lambda v: _draft(v), SamplingParams(1.0, top_p=0.8), 8, 3, 2),
+    "draft == target": (dict(), lambda v: ModelDrafter(TableModel(v, 0)), SamplingParams(1.0), 4, 6, 4),
+    "disjoint support": (
+        dict(mask=torch.arange(8) < 4),
+        lambda v: _draft(v, mask=torch.arange(8) >= 4),
+        SamplingParams(1.0),
+        8,
+        3,
+        2,
+    ),
+    "one-hot draft": (dict(), lambda v: SuccessorDrafter(v), SamplingParams(0.9), 8, 3, 2),
+    "prompt lookup": (dict(), lambda v: PromptLookupDrafter(max_ngram=2), SamplingParams(1.0), 4, 6, 4),
+    "unigram": (dict(), lambda v: UnigramDrafter.fit([[0, 1, 1, 2, 3, 3, 3]], v), SamplingParams(1.0), 8, 3, 2),
+    "bigram": (
+        dict(),
+        lambda v: BigramDrafter.fit([[0, 1, 2, 3, 4, 5, 6, 7, 0, 2, 4, 6]], v, lam=0.8),
+        SamplingParams(1.2, top_k=5),
+        8,
+        3,
+        2,
+    ),
+}
+
+
+@pytest.fixture(autouse=True)
+def single_thread():
+    """Tiny tensors gain nothing from threads; on a busy 2-core machine they only add contention."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+SLOW_CASES = {"T=1 gamma=4", "draft == target", "prompt lookup"}  # 4096 cells, 20000 samples each
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_CASES else n for n in CASES])
+def test_speculative_samples_match_target_distribution(name):
+    target_kwargs, make_drafter, sampling, vocab, length, gamma = CASES[name]
+    target = TableModel(vocab, 0, **target_kwargs)
+    samples = 20000 if vocab ** length > 1000 else 8000
+    pvalue, tv = chi_square_pvalue(target, make_drafter(vocab), sampling, length, gamma, samples)
+    assert pvalue > P_VALUE_FLOOR, f"{name}: chi-square p-value {pvalue:.2e}, total variation {tv:.3f}"
+
+
+def test_draft_equal_to_target_accepts_everything():
+    target = TableModel(4, 0)
+    result = generate(target, PROMPT, drafter=ModelDrafter(TableModel(4, 0)), gamma=4, max_new_tokens=21,
+                      sampling=SamplingParams(1.0), generator=torch.Generator().manual_seed(0))
+    assert result.stats.alpha == 1.0
+    assert result.stats.target_calls == 1 + 4  # prefill, then 4 rounds of 4 accepted + 1 bonus
+
+
+def test_disjoint_support_accepts_nothing():
+    target = TableModel(8, 0, mask=torch.arange(8) < 4)
+    result = generate(target, PROMPT, drafter=_draft(8, mask=torch.arange(8) >= 4), gamma=3, max_new_tokens=20,
+                      sampling=SamplingParams(1.0), generator=torch.Generator().manual_seed(0))
+    assert result.stats.alpha == 0.0 and result.stats.target_calls == 20
+
+
+def test_suite_catches_a_broken_verifier(monkeypatch):
+    """Resampling from p instead of norm(max(0, p - q)) on rejection biases the output: the test must see it."""
+    import specdecode.core.verification as verification
+
+    monkeypatch.setattr(verification, "_residual", lambda p, token, q: p)
+    target = TableModel(8, 0)
+    pvalue, tv = chi_square_pvalue(target, _draft(8), SamplingParams(1.0), 3, 1, 8000)
+    assert pvalue < 1e-6, f"a biased verifier went unnoticed (p-value {pvalue:.2e}, tv {tv:.3f})"
+
+
+class MisreportingDrafter(ModelDrafter):
+    """Samples from the tempered q but reports the untempered softmax: the trap of a q that is not the sampled one."""
+
+    def propose(self, generated, gamma, sampling, generator):
+        draft = super().propose(generated, gamma, sampling, generator)
+        context = PROMPT + generated.tolist()
+        untempered = [torch.softmax(self.model.logits_after(context + draft.tokens[:i].tolist()), -1) for i in range(len(draft))]
+        return type(draft)(draft.tokens, torch.stack(untempered))
+
+
+def test_suite_catches_a_misreported_draft_distribution():
+    target = TableModel(8, 0)
+    pvalue, tv = chi_square_pvalue(target, MisreportingDrafter(TableModel(8, 1)), SamplingParams(0.5), 3, 2, 8000)
+    assert pvalue < 1e-6, f"a wrong q went unnoticed (p-value {pvalue:.2e}, tv {tv:.3f})"
