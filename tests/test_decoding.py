@@ -1,0 +1,146 @@
+"""The decoding loop: edge cases, stopping, streaming, statistics and bad input."""
+
+import pytest
+import torch
+from mock_models import TableModel
+
+from specdecode.core.sampling import SamplingParams
+from specdecode.decoding import generate, stream
+from specdecode.drafters import Draft, ModelDrafter, PromptLookupDrafter
+
+GREEDY = SamplingParams(0.0)
+PROMPT = [0, 1]
+
+
+def plain(target, **kwargs):
+    return generate(target, PROMPT, sampling=GREEDY, **kwargs)
+
+
+def speculative(target, draft_seed=0, gamma=4, **kwargs):
+    drafter = ModelDrafter(TableModel(target.vocab_size, draft_seed))
+    return generate(target, PROMPT, drafter=drafter, gamma=gamma, sampling=GREEDY, **kwargs)
+
+
+def test_max_new_tokens_zero_runs_nothing():
+    target = TableModel(8, 0)
+    result = speculative(target, max_new_tokens=0)
+    assert result.token_ids == [] and result.finish_reason == "length"
+    assert target.calls == 0 and result.stats.target_calls == 0
+
+
+def test_max_new_tokens_one_is_the_prefill_token():
+    target = TableModel(8, 0)
+    result = speculative(target, max_new_tokens=1)
+    assert result.token_ids == plain(TableModel(8, 0), max_new_tokens=1).token_ids
+    assert result.stats.target_calls == 1 and result.stats.draft_calls == 0
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 4, 7])
+@pytest.mark.parametrize("draft_seed", [0, 1])  # 0: draft == target, 1: a different draft
+def test_greedy_identity_with_every_gamma(gamma, draft_seed):
+    target = TableModel(16, 0)
+    expected = plain(target, max_new_tokens=40).token_ids
+    assert speculative(target, draft_seed, gamma, max_new_tokens=40).token_ids == expected
+
+
+def test_eos_inside_an_accepted_draft_stops_right_after_it():
+    target = TableModel(16, 0)
+    free = plain(target, max_new_tokens=30).token_ids
+    eos = free[9]  # the draft (== target) proposes it mid-draft
+    cut = free.index(eos) + 1
+    result = speculative(target, gamma=6, max_new_tokens=30, eos_token_ids={eos})
+    assert result.token_ids == free[:cut] and result.finish_reason == "eos"
+    assert plain(target, max_new_tokens=30, eos_token_ids={eos}).token_ids == free[:cut]
+
+
+def test_prompt_near_the_context_limit_stops_when_full():
+    target = TableModel(16, 0, max_length=6)  # prompt 2 + 4 fed tokens, and the last one needs no room
+    result = speculative(target, gamma=4, max_new_tokens=50)
+    expected = plain(TableModel(16, 0, max_length=6), max_new_tokens=50)
+    assert result.token_ids == expected.token_ids == plain(TableModel(16, 0), max_new_tokens=5).token_ids
+    assert result.finish_reason == expected.finish_reason == "context"
+
+
+def test_stop_condition_keeps_tokens_up_to_the_stop():
+    target = TableModel(16, 0)
+    free = plain(target, max_new_tokens=30).token_ids
+    stop_at = 13
+    result = speculative(target, max_new_tokens=30, stop=lambda ids: stop_at if len(ids) >= stop_at else None)
+    assert result.token_ids == free[:stop_at] and result.finish_reason == "stop"
+
+
+def test_stream_yields_chunks_that_add_up():
+    target = TableModel(16, 0)
+    tokens = stream(target, PROMPT, drafter=ModelDrafter(TableModel(16, 0)), gamma=3, max_new_tokens=17, sampling=GREEDY)
+    chunks = list(tokens)
+    assert [t for c in chunks for t in c] == tokens.result.token_ids
+    assert len(chunks) == tokens.result.stats.target_calls  # one chunk per target call
+    assert [len(c) for c in chunks] == [1, 4, 4, 4, 4]
+
+
+def test_statistics_are_consistent():
+    target = TableModel(16, 0)
+    result = speculative(target, draft_seed=1, gamma=4, max_new_tokens=60)
+    s = result.stats
+    assert s.new_tokens == len(result.token_ids) == 60
+    assert sum(s.accepted_per_position) == s.accepted_tokens
+    assert all(a >= b for a, b in zip(s.accepted_per_position, s.accepted_per_position[1:]))
+    assert all(a <= p for a, p in zip(s.accepted_per_position, s.proposed_per_position))
+    assert s.alpha == s.accepted_tokens / (s.accepted_tokens + s.rejections)
+    assert s.mean_accepted == 60 / s.target_calls
+    assert s.target_calls - 1 - s.draft_calls in (0, 1)  # every round asked for a draft but maybe the 1-token last
+    assert s.seconds >= s.target_seconds + s.draft_seconds - 1e-9
+    assert set(s.to_dict()) >= {"target_calls", "draft_calls", "mean_accepted", "alpha", "tokens_per_s", "seconds"}
+
+
+def test_same_seed_same_sample():
+    def run(seed):
+        g = torch.Generator().manual_seed(seed)
+        drafter = ModelDrafter(TableModel(16, 1))
+        return generate(TableModel(16, 0), PROMPT, drafter=drafter, gamma=3, max_new_tokens=30,
+                        sampling=SamplingParams(1.0), generator=g).token_ids
+
+    assert run(5) == run(5) and run(5) != run(6)
+
+
+def test_empty_drafts_fall_back_to_plain_steps():
+    target = TableModel(16, 0)
+    result = generate(target, PROMPT, drafter=PromptLookupDrafter(), gamma=4, max_new_tokens=20, sampling=GREEDY)
+    assert result.token_ids == plain(target, max_new_tokens=20).token_ids
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(gamma=0), "gamma"),
+        (dict(gamma=-2), "gamma"),
+        (dict(gamma=1.5), "gamma"),
+        (dict(max_new_tokens=-1), "max_new_tokens"),
+    ],
+)
+def test_bad_arguments_name_the_parameter(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        stream(TableModel(8, 0), PROMPT, **kwargs)
+
+
+@pytest.mark.parametrize("prompt", [[], [[0, 1]], [0, 99]])
+def test_bad_prompts_are_refused(prompt):
+    with pytest.raises(ValueError, match="prompt_ids"):
+        stream(TableModel(8, 0), prompt)
+
+
+def test_drafter_proposing_too_many_tokens_is_an_error():
+    class Greedy:
+        name = "greedy-liar"
+
+        def start(self, prompt_ids):
+            pass
+
+        def propose(self, generated, gamma, sampling, generator):
+            return Draft(torch.zeros(gamma + 1, dtype=torch.long))
+
+        def observe(self, draft, num_accepted):
+            pass
+
+    with pytest.raises(RuntimeError, match="more than gamma"):
+        generate(TableModel(8, 0), PROMPT, drafter=Greedy(), gamma=2, max_new_tokens=10, sampling=GREEDY)
