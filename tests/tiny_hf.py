@@ -8,8 +8,10 @@ word-level `tokenizers` models over a small vocabulary, wrapped in
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import (
@@ -149,10 +151,17 @@ def tiny_t5(
     d_ff: int = 64,
     heads: int = 4,
     init_factor: float = 1.0,
+    contextual: bool = True,
     suppress_eos: bool = True,
     **extra,
 ) -> T5ForConditionalGeneration:
-    """A random T5 (relative position buckets, cross-attention); decoder_start_token_id = 0 (<pad>)."""
+    """A random T5 (relative position buckets, cross-attention); decoder_start_token_id = 0 (<pad>).
+
+    T5 always ties its output layer to the input embeddings, so at its own random init
+    the decoder mostly predicts its input token again and greedy decoding repeats one
+    token forever. contextual=True randomises the decoder's final norm gains and
+    strengthens its self-attention output, which gives varied continuations.
+    """
     config = T5Config(
         vocab_size=vocab,
         d_model=d_model,
@@ -172,7 +181,26 @@ def tiny_t5(
         **extra,
     )
     torch.manual_seed(seed)
-    return _finish(T5ForConditionalGeneration(config), suppress_eos)
+    model = T5ForConditionalGeneration(config)
+    if contextual:
+        with torch.no_grad():
+            model.decoder.final_layer_norm.weight.normal_(0.0, 1.0)
+            for block in model.decoder.block:
+                block.layer[0].SelfAttention.o.weight.mul_(3.0)
+    return _finish(model, suppress_eos)
+
+
+def perturbed_copy(model: PreTrainedModel, seed: int, scale: float) -> PreTrainedModel:
+    """A copy of model with every weight moved by scale * (its std) * N(0, 1): a draft that mostly agrees."""
+    copy = type(model)(model.config)
+    copy.load_state_dict(model.state_dict())
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in copy.parameters():
+            spread = param.std() if param.numel() > 1 else param.abs()
+            param.add_(torch.randn(param.shape, generator=generator) * scale * spread)
+    copy.generation_config = model.generation_config
+    return copy.eval()
 
 
 def save_tiny_checkpoint(directory: str | Path, model: PreTrainedModel, tokenizer=None) -> Path:
@@ -183,3 +211,15 @@ def save_tiny_checkpoint(directory: str | Path, model: PreTrainedModel, tokenize
     if tokenizer is not None:
         tokenizer.save_pretrained(directory)
     return directory
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """Tiny models run ~10x faster on one thread (thread start-up dominates); restored afterwards.
+
+    Import it into a test module to make it apply there: `from tiny_hf import one_torch_thread`.
+    """
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -1,6 +1,26 @@
 """Pure tensor code: sampling transforms, verification (Algorithm 1) and theory. No model code."""
 
 from specdecode.core.sampling import SamplingParams, greedy_tokens, probabilities, sample
+from specdecode.core.theory import (
+    acceptance_rate,
+    arithmetic_operations_factor,
+    expected_tokens_per_call,
+    optimal_gamma,
+    walltime_improvement,
+)
 from specdecode.core.verification import Verification, verify, verify_greedy
 
-__all__ = ["SamplingParams", "Verification", "greedy_tokens", "probabilities", "sample", "verify", "verify_greedy"]
+__all__ = [
+    "SamplingParams",
+    "greedy_tokens",
+    "probabilities",
+    "sample",
+    "acceptance_rate",
+    "arithmetic_operations_factor",
+    "expected_tokens_per_call",
+    "optimal_gamma",
+    "walltime_improvement",
+    "Verification",
+    "verify",
+    "verify_greedy",
+]

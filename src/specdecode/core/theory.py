@@ -125,39 +125,18 @@ def arithmetic_operations_factor(alpha: float, gamma: int, c_hat: float) -> floa
     return (g * ch + g + 1.0) / _geometric(a, g)
 
 
-def _log_geometric(alpha: float, log_alpha: float, k: int) -> float:
-    """log(sum_{i=0}^{k} alpha^i), accurate for alpha near 0 or 1 and for large k."""
-    if alpha == 1.0:
-        return math.log(k + 1)
-    if alpha == 0.0 or k == 0:
-        return 0.0
-    return math.log(-math.expm1((k + 1) * log_alpha)) - math.log1p(-alpha)
-
-
 def optimal_gamma(alpha: float, c: float, max_gamma: int = 64) -> int:
-    """Integer ``gamma`` in [1, max_gamma] maximising :func:`walltime_improvement`.
+    """Integer ``gamma`` in [1, max_gamma] maximising :func:`walltime_improvement`; ties go to the smaller.
 
-    Ties go to the smaller gamma. With ``S_g = sum_{i<=g} alpha^i``, candidate
-    ``g`` beats the current best ``b < g`` iff
-    ``alpha^(b+1) S_(g-b-1) (b c + 1) > S_b (g - b) c``; this is compared in
-    log space, so gains far below float resolution (e.g. ``alpha^(gamma+1)``
-    < 1e-16 with ``c == 0``) still count and nothing underflows.
+    With a free draft (c == 0) and alpha > 0 every extra draft token helps, however
+    little, so the answer is max_gamma (float rounding would hide gains below 1e-16).
     """
     a = _check_alpha(alpha)
     cc = _check_cost(c, "c")
     mg = _check_gamma(max_gamma, "max_gamma")
-    log_a = math.log(a) if a > 0.0 else -math.inf
-    log_c = math.log(cc) if cc > 0.0 else -math.inf
-    best = 1
-    for g in range(2, mg + 1):
-        if a == 0.0:
-            gain = -math.inf  # S_g == S_b: adding draft tokens never helps
-        else:
-            gain = (best + 1) * log_a + _log_geometric(a, log_a, g - best - 1) + math.log1p(best * cc)
-        cost = _log_geometric(a, log_a, best) + math.log(g - best) + log_c
-        if gain > cost:
-            best = g
-    return best
+    if cc == 0.0:
+        return mg if a > 0.0 else 1
+    return max(range(1, mg + 1), key=lambda g: (walltime_improvement(a, g, cc), -g))
 
 
 def acceptance_rate(p: torch.Tensor | Sequence[float], q: torch.Tensor | Sequence[float]) -> torch.Tensor | float:

