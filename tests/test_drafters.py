@@ -98,3 +98,14 @@ def test_model_drafter_resyncs_after_a_rejection():
 def test_model_drafter_needs_start():
     with pytest.raises(RuntimeError, match="start"):
         ModelDrafter(TableModel(4, 0)).propose(ids(1), 2, GREEDY, None)
+
+
+def test_model_drafter_with_a_short_context_stops_drafting_instead_of_failing():
+    from specdecode.decoding import generate
+
+    target = TableModel(16, 0)
+    drafter = ModelDrafter(TableModel(16, 0, max_length=8))  # prompt 2 + 6 tokens
+    result = generate(target, [0, 1], drafter=drafter, gamma=3, max_new_tokens=20, sampling=GREEDY)
+    expected = generate(TableModel(16, 0), [0, 1], max_new_tokens=20, sampling=GREEDY)
+    assert result.token_ids == expected.token_ids
+    assert result.stats.draft_tokens <= 8

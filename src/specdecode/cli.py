@@ -50,12 +50,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {args.max_new_tokens}")
     except ValueError as error:
-        parser.error(str(error))
-    pipeline = Pipeline.load(args.target, args.draft, args.gamma)
-    _warm_up(pipeline)
-    progress = _progress(prompts, enabled=args.prompt_file is not None and sys.stderr.isatty())
-    for extra, prompt in progress:
-        _run_one(pipeline, prompt, extra, sampling, args)
+        parser.error(str(error))  # exits with status 2
+    try:
+        pipeline = Pipeline.load(args.target, args.draft, args.gamma)
+        _warm_up(pipeline)
+        progress = _progress(prompts, enabled=args.prompt_file is not None and sys.stderr.isatty())
+        for extra, prompt in progress:
+            _run_one(pipeline, prompt, extra, sampling, args)
+    except (ValueError, FileNotFoundError) as error:  # bad model paths, incompatible pairs, prompts too long
+        print(f"specdecode: error: {error}", file=sys.stderr)
+        return 2
     return 0
 
 

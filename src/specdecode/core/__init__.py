@@ -1,6 +1,6 @@
 """Pure tensor code: sampling transforms, verification (Algorithm 1) and theory. No model code."""
 
-from specdecode.core.sampling import SamplingParams, greedy_tokens, probabilities, sample
+from specdecode.core.sampling import SamplingParams, probabilities, sample
 from specdecode.core.theory import (
     acceptance_rate,
     arithmetic_operations_factor,
@@ -12,7 +12,6 @@ from specdecode.core.verification import Verification, verify, verify_greedy
 
 __all__ = [
     "SamplingParams",
-    "greedy_tokens",
     "probabilities",
     "sample",
     "acceptance_rate",

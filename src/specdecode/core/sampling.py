@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["SamplingParams", "probabilities", "sample", "greedy_tokens"]
+__all__ = ["SamplingParams", "probabilities", "sample"]
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,3 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tens
     tokens = torch.multinomial(flat, 1, generator=generator).squeeze(-1)
     return tokens.reshape(probs.shape[:-1])
 
-
-def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
-    """argmax over the last dim: [..., V] -> [...]."""
-    return logits.argmax(dim=-1)

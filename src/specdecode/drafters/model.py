@@ -58,6 +58,8 @@ class ModelDrafter:
     def propose(
         self, generated: torch.Tensor, gamma: int, sampling: SamplingParams, generator: torch.Generator | None
     ) -> Draft:
+        if self.model.room() + len(self._fed) < len(generated):
+            return Draft.empty()  # the sequence outgrew the draft's context window: the target goes on alone
         logits = self._sync(generated)
         gamma = min(gamma, self.model.room() + 1)  # each token but the last is fed back
         tokens: list[int] = []
