@@ -3,8 +3,27 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).parent))  # for `mock_models`
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread(request) -> Iterator[None]:
+    """Tiny models and tables run ~10x faster on one thread (thread start-up dominates on 2 cores).
+
+    Tests of the real model (marked `real_model`) keep all threads.
+    """
+    if request.node.get_closest_marker("real_model"):
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

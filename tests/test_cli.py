@@ -6,7 +6,7 @@ import json
 
 import pytest
 from tiny_hf import (
-    one_torch_thread,  # noqa: F401  (autouse fixture)
+    WORDS,
     perturbed_copy,
     save_tiny_checkpoint,
     tiny_llama,
@@ -136,6 +136,19 @@ def test_no_chat_encodes_the_raw_prompt(capsys, models, dirs):
     assert raw != _expected_ids(models["target"], PROMPT, chat=True)  # so the check means something
 
 
+def test_json_sampling_is_seeded(capsys, dirs):
+    argv = [PROMPT, "--target", dirs["target"], "--draft", dirs["draft"], "--temperature", 1.5, "--top-k", 20,
+            "--top-p", 0.95, "--compare", "--max-new-tokens", 16]
+    (first,) = _run_json(capsys, *argv, "--seed", 3)
+    (again,) = _run_json(capsys, *argv, "--seed", 3)
+    (other,) = _run_json(capsys, *argv, "--seed", 4)
+    assert first["identical"] is None  # only greedy outputs must match token for token
+    assert len(first["token_ids"]) == 16
+    assert first["token_ids"] == again["token_ids"]
+    assert first["baseline"]["token_ids"] == again["baseline"]["token_ids"]
+    assert other["token_ids"] != first["token_ids"]
+
+
 # --------------------------------------------------------------------------- streaming text
 
 
@@ -151,7 +164,8 @@ def test_streaming_text_and_stats_line(capsys, models, dirs, draft):
     assert "greedy outputs identical" in err
     assert "DIFFER" not in err
     assert "[target alone]" in err
-    assert f"[{'none' if draft == 'none' else 'model:' + spec if draft == 'model' else 'ngram:1-3'} gamma=4]" in err
+    label = {"model": f"model:{spec}", "ngram": "ngram:1-3", "none": "none"}[draft]
+    assert f"[{label} gamma=4]" in err
 
 
 def test_streaming_without_compare(capsys, dirs):
@@ -276,10 +290,12 @@ def test_no_command_exits_2(capsys):
 # --------------------------------------------------------------------------- chat template, stop strings, loading
 
 
-def test_chat_without_template_raises(capsys, dirs):
-    with pytest.raises(ValueError, match="chat") as info:
-        main(["generate", PROMPT, "--target", str(dirs["no_chat"]), "--draft", "none", "--chat"])
-    assert "no chat template" in str(info.value)
+def test_chat_without_template_exits_2(capsys, dirs):
+    assert main(["generate", PROMPT, "--target", str(dirs["no_chat"]), "--draft", "none", "--chat"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert "specdecode: error: chat:" in err
+    assert "no chat template" in err
 
 
 def test_no_template_defaults_to_raw_prompt(capsys, models, dirs):
@@ -323,15 +339,28 @@ def test_stop_string_streaming(capsys, models, dirs):
     assert "finish: stop" in err
 
 
-def test_missing_target_raises(tmp_path):
-    with pytest.raises(FileNotFoundError):
-        main(["generate", PROMPT, "--target", str(tmp_path / "missing"), "--draft", "none"])
+def test_missing_target_exits_2(capsys, tmp_path):
+    missing = tmp_path / "missing"
+    assert main(["generate", PROMPT, "--target", str(missing), "--draft", "none"]) == 2
+    err = capsys.readouterr().err
+    assert "specdecode: error:" in err and "not found" in err and str(missing) in err
 
 
-def test_incompatible_draft_raises(dirs, models, tmp_path):
-    from specdecode.models import IncompatibleVocabularyError
-    from tiny_hf import WORDS
+def test_missing_gguf_target_exits_2(capsys, tmp_path):
+    assert main(["generate", PROMPT, "--target", str(tmp_path / "model.gguf"), "--draft", "none"]) == 2
+    assert "GGUF file not found" in capsys.readouterr().err
 
+
+def test_incompatible_draft_exits_2(capsys, dirs, models, tmp_path):
     bad = save_tiny_checkpoint(tmp_path / "bad", models["near"], tiny_tokenizer(list(reversed(WORDS))))
-    with pytest.raises(IncompatibleVocabularyError, match="draft"):
-        main(["generate", PROMPT, "--target", str(dirs["target"]), "--draft", str(bad)])
+    assert main(["generate", PROMPT, "--target", str(dirs["target"]), "--draft", str(bad)]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert "specdecode: error: draft:" in err and "different ids" in err
+
+
+def test_prompt_longer_than_the_context_exits_2(capsys, tmp_path):
+    short = save_tiny_checkpoint(tmp_path / "short", tiny_llama(seed=23, max_positions=8), tiny_tokenizer())
+    assert main(["generate", "one two three four five six seven eight nine", "--target", str(short),
+                 "--draft", "none", "--no-chat"]) == 2
+    assert "context window is 8" in capsys.readouterr().err

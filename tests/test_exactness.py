@@ -87,15 +87,6 @@ CASES = {
 }
 
 
-@pytest.fixture(autouse=True)
-def single_thread():
-    """Tiny tensors gain nothing from threads; on a busy 2-core machine they only add contention."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 SLOW_CASES = {"T=1 gamma=4", "draft == target", "prompt lookup"}  # 4096 cells, 20000 samples each
 
 

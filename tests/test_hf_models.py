@@ -12,7 +12,6 @@ from tiny_hf import (
     EOS_ID,
     VOCAB_SIZE,
     WORDS,
-    one_torch_thread,  # noqa: F401  (autouse fixture)
     perturbed_copy,
     save_tiny_checkpoint,
     tiny_llama,
@@ -242,6 +241,28 @@ def test_generation_stops_at_a_full_context(gamma):
         spec = generate(wrap_hf_model(hf), prompt, drafter=drafter, gamma=gamma, max_new_tokens=50, sampling=GREEDY)
         assert spec.token_ids == plain.token_ids
         assert spec.finish_reason == "context"
+
+
+def test_draft_with_a_shorter_context_than_the_target():
+    """When the sequence outgrows the draft's window, the target goes on alone: same output, no error."""
+    target = tiny_llama(seed=6, max_positions=64)
+    prompt = list(range(3, 13))
+    plain = generate(wrap_hf_model(target), prompt, max_new_tokens=20, sampling=GREEDY)
+    assert plain.finish_reason == "length"
+    short_draft = ModelDrafter(wrap_hf_model(tiny_llama(seed=6, max_positions=16)))  # same weights, 16 positions
+    spec = generate(wrap_hf_model(target), prompt, drafter=short_draft, gamma=3, max_new_tokens=20, sampling=GREEDY)
+    assert spec.token_ids == plain.token_ids
+    assert 0 < spec.stats.accepted_tokens == spec.stats.draft_tokens <= 6  # it drafted while it had room
+    assert spec.stats.target_calls > 20 - 6  # and the target made the rest one by one
+
+
+def test_prompt_longer_than_the_draft_context():
+    target = tiny_llama(seed=6, max_positions=64)
+    prompt = list(range(3, 23))  # 20 tokens: fits the target, not the 16-position draft
+    plain = generate(wrap_hf_model(target), prompt, max_new_tokens=8, sampling=GREEDY)
+    short_draft = ModelDrafter(wrap_hf_model(tiny_llama(seed=6, max_positions=16)))
+    spec = generate(wrap_hf_model(target), prompt, drafter=short_draft, gamma=3, max_new_tokens=8, sampling=GREEDY)
+    assert spec.token_ids == plain.token_ids
 
 
 # --------------------------------------------------------------------------- greedy identity
@@ -492,6 +513,25 @@ def test_load_missing_path_raises(tmp_path):
         load_model(tmp_path / "missing")
     with pytest.raises(FileNotFoundError, match="not found"):
         load_model(str(tmp_path / "missing"))
+
+
+def test_load_missing_relative_path_never_touches_the_network(tmp_path, monkeypatch):
+    import huggingface_hub.file_download as file_download
+
+    real = file_download._get_metadata_or_catch_error
+    network: list[str] = []
+
+    def guarded(**kwargs):  # every Hub file lookup passes here; force it local and remember the attempt
+        if not kwargs["local_files_only"]:
+            network.append(kwargs["repo_id"])
+            kwargs["local_files_only"] = True
+        return real(**kwargs)
+
+    monkeypatch.setattr(file_download, "_get_metadata_or_catch_error", guarded)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(OSError):  # FileNotFoundError is an OSError
+        load_model("models/missing-model")
+    assert network == []
 
 
 def test_load_missing_gguf_raises(tmp_path):

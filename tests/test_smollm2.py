@@ -14,7 +14,7 @@ from specdecode.cli import main
 from specdecode.core.sampling import SamplingParams
 from specdecode.pipeline import Pipeline
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.real_model]
 
 GREEDY = SamplingParams(0.0)
 

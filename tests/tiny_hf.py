@@ -8,10 +8,8 @@ word-level `tokenizers` models over a small vocabulary, wrapped in
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import (
@@ -211,15 +209,3 @@ def save_tiny_checkpoint(directory: str | Path, model: PreTrainedModel, tokenize
     if tokenizer is not None:
         tokenizer.save_pretrained(directory)
     return directory
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread() -> Iterator[None]:
-    """Tiny models run ~10x faster on one thread (thread start-up dominates); restored afterwards.
-
-    Import it into a test module to make it apply there: `from tiny_hf import one_torch_thread`.
-    """
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from specdecode.core.sampling import SamplingParams, probabilities, sample
 from specdecode.drafters.base import Draft
-from specdecode.models.base import LanguageModel
+from specdecode.models.base import ContextLengthError, LanguageModel
 
 __all__ = ["ModelDrafter"]
+
+logger = logging.getLogger(__name__)
 
 
 class ModelDrafter:
@@ -26,17 +30,21 @@ class ModelDrafter:
         self._fed = torch.zeros(0, dtype=torch.long)  # generated tokens in the draft's cache
         self._prompt_logits: torch.Tensor | None = None  # [V] after the prompt
         self._last_logits: torch.Tensor | None = None  # [V] after self._fed, when known
+        self._started = False
 
     def start(self, prompt_ids: torch.Tensor) -> None:
-        self._prompt_logits = self.model.prefill(prompt_ids)
-        self.forward_calls += 1
         self._fed = torch.zeros(0, dtype=torch.long)
+        try:
+            self._prompt_logits = self.model.prefill(prompt_ids)
+        except ContextLengthError as error:  # the target may still fit it: it then decodes alone
+            logger.warning("draft %s cannot take this prompt, the target decodes alone: %s", self.model.name, error)
+            self._prompt_logits = None
+        self.forward_calls += 1
         self._last_logits = self._prompt_logits
+        self._started = True
 
     def _sync(self, generated: torch.Tensor) -> torch.Tensor:
         """Bring the draft's cache to prompt + generated; return the next-token logits [V]."""
-        if self._prompt_logits is None:
-            raise RuntimeError("call start() before propose()")
         n = min(len(self._fed), len(generated))
         differs = (self._fed[:n] != generated[:n]).nonzero()
         common = int(differs[0]) if len(differs) else n
@@ -58,7 +66,9 @@ class ModelDrafter:
     def propose(
         self, generated: torch.Tensor, gamma: int, sampling: SamplingParams, generator: torch.Generator | None
     ) -> Draft:
-        if self.model.room() + len(self._fed) < len(generated):
+        if not self._started:
+            raise RuntimeError("call start() before propose()")
+        if self._prompt_logits is None or self.model.room() + len(self._fed) < len(generated):
             return Draft.empty()  # the sequence outgrew the draft's context window: the target goes on alone
         logits = self._sync(generated)
         gamma = min(gamma, self.model.room() + 1)  # each token but the last is fed back

@@ -73,12 +73,17 @@ def load_model(name_or_path: str | os.PathLike = DEFAULT_TARGET, dtype: torch.dt
         if not path.is_file():
             raise FileNotFoundError(f"GGUF file not found: {path}")
         return _loaded(_load_gguf(path, dtype), source)
-    if source.startswith((".", "/", "~")) and not path.expanduser().exists():
-        raise FileNotFoundError(f"model path not found: {source}")
-    config = AutoConfig.from_pretrained(source)
+    # Never download: a name that is not a local directory must be in the local Hugging Face cache.
+    try:
+        config = AutoConfig.from_pretrained(source, local_files_only=True)
+    except OSError as error:
+        raise FileNotFoundError(
+            f"model not found: {source} is neither a local model directory nor in the local Hugging Face cache "
+            f"(specdecode never downloads): {error}"
+        ) from error
     auto = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
-    model = auto.from_pretrained(source, dtype=dtype)
-    return _loaded((model, _load_tokenizer(source)), source)
+    model = auto.from_pretrained(source, dtype=dtype, local_files_only=True)
+    return _loaded((model, _load_tokenizer(source, local_files_only=True)), source)
 
 
 def _loaded(model_and_tokenizer: tuple[PreTrainedModel, object | None], source: str) -> LoadedModel:
