@@ -182,7 +182,7 @@ def _loop(
         logits = target.prefill(prompt)  # [V]
     stats.target_calls += 1
     first = int(logits.argmax()) if sampling.greedy else int(sample(probabilities(logits, sampling), generator))
-    if drafter is not None:
+    if drafter is not None and max_new_tokens > 1:  # a single token never needs a draft
         with draft_clock:
             drafter.start(prompt)
 
