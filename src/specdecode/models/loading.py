@@ -8,6 +8,7 @@ is cached on disk in safetensors and later starts take about a second.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -15,11 +16,13 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel
+from transformers.utils import logging as hf_logging
 
 from specdecode.models.base import LanguageModel
 from specdecode.models.hf import wrap_hf_model
@@ -99,6 +102,18 @@ def _load_tokenizer(source: str | Path, **kwargs) -> object | None:
         return None
 
 
+@contextlib.contextmanager
+def _quiet_progress() -> Iterator[None]:
+    """Hide transformers' progress bars for the duration."""
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
 def _gguf_cache_dir(path: Path, dtype: torch.dtype) -> Path:
     stat = path.stat()
     key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{dtype}".encode()).hexdigest()[:16]
@@ -109,7 +124,8 @@ def _load_gguf(path: Path, dtype: torch.dtype) -> tuple[PreTrainedModel, object]
     """Dequantize a GGUF file through transformers, caching the result as safetensors."""
     cached = _gguf_cache_dir(path, dtype)
     if (cached / _CACHE_COMPLETE).is_file():
-        model = AutoModelForCausalLM.from_pretrained(cached, dtype=dtype)
+        with _quiet_progress():  # a one-second load needs no progress bar
+            model = AutoModelForCausalLM.from_pretrained(cached, dtype=dtype)
         return model, AutoTokenizer.from_pretrained(cached)
 
     logger.warning("converting %s (once; cached in %s)", path.name, cached)

@@ -1,0 +1,114 @@
+"""`NativeLM`: the native transformer behind the `LanguageModel` protocol (prefill / extend / rollback)."""
+
+from __future__ import annotations
+
+import torch
+
+from specdecode.models.base import ContextLengthError
+from specdecode.native.model import KVCache, NativeTransformer
+
+__all__ = ["NativeLM", "DEFAULT_MAX_CACHE_LEN"]
+
+DEFAULT_MAX_CACHE_LEN = 4096  # the cache is preallocated: 2 * layers * KV * D * max_len values
+
+
+def _as_ids(token_ids: torch.Tensor, name: str) -> torch.Tensor:
+    token_ids = torch.as_tensor(token_ids)
+    if token_ids.dim() != 1:
+        raise ValueError(f"{name} must be a 1-D tensor of token ids, got shape {tuple(token_ids.shape)}")
+    return token_ids.to(torch.long)
+
+
+class NativeLM:
+    """A decoder-only `LanguageModel` on a `NativeTransformer` with a static KV cache.
+
+    max_length = min(max_position_embeddings, sliding_window, max_cache_len): within a sliding
+    window attention is full attention, so capping the context there keeps it exact.
+    `packed=True` prepacks the linear weights for oneDNN (see `specdecode.native.fast`);
+    `compile=True` runs the model through torch.compile (slow to start, see the benchmark).
+    """
+
+    def __init__(
+        self,
+        model: NativeTransformer,
+        name: str = "native",
+        max_cache_len: int = DEFAULT_MAX_CACHE_LEN,
+        *,
+        packed: bool = False,
+        compile: bool = False,
+    ) -> None:
+        if isinstance(max_cache_len, bool) or not isinstance(max_cache_len, int) or max_cache_len < 2:
+            raise ValueError(f"max_cache_len must be an integer >= 2, got {max_cache_len!r}")
+        config = model.config
+        self.model = model.eval().requires_grad_(False)
+        self.name = name
+        self.config = config
+        self.vocab_size = config.vocab_size
+        self.max_length = min(config.max_position_embeddings, config.sliding_window or max_cache_len, max_cache_len)
+        self.device = model.device
+        self._cache: KVCache = model.new_cache(self.max_length)
+        self._forward = model
+        if packed or compile:
+            from specdecode.native.fast import compiled_forward, pack_linears
+
+            if packed:
+                pack_linears(model)
+            if compile:
+                self._forward = compiled_forward(model)
+        self._prompt_length = 0
+        self._num_generated = 0
+        self._started = False
+
+    @property
+    def num_generated(self) -> int:
+        return self._num_generated
+
+    def room(self) -> int:
+        return self.max_length - self._prompt_length - self._num_generated
+
+    def _run(self, token_ids: torch.Tensor, start: int, last_only: bool) -> torch.Tensor:
+        positions = torch.arange(start, start + token_ids.numel(), device=self.device)
+        logits = self._forward(token_ids.to(self.device), positions, self._cache, last_only=last_only)
+        return logits.float()
+
+    @torch.inference_mode()
+    def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor:
+        prompt_ids = _as_ids(prompt_ids, "prompt_ids")
+        if prompt_ids.numel() == 0:
+            raise ValueError("prompt_ids must hold at least one token")
+        if prompt_ids.numel() >= self.max_length:
+            raise ContextLengthError(
+                f"{self.name}: the prompt has {prompt_ids.numel()} tokens but the context window (KV cache) holds "
+                f"{self.max_length} positions; shorten the prompt or raise max_cache_len"
+            )
+        self._check_ids(prompt_ids)
+        self._prompt_length, self._num_generated, self._started = prompt_ids.numel(), 0, True
+        return self._run(prompt_ids, 0, last_only=True)[0]  # [V]
+
+    @torch.inference_mode()
+    def extend(self, token_ids: torch.Tensor) -> torch.Tensor:
+        token_ids = _as_ids(token_ids, "token_ids")
+        if not self._started:
+            raise RuntimeError("call prefill() before extend()")
+        if token_ids.numel() == 0:
+            raise ValueError("token_ids must hold at least one token")
+        if token_ids.numel() > self.room():
+            raise ContextLengthError(
+                f"{self.name}: feeding {token_ids.numel()} tokens would exceed the context window (KV cache) of "
+                f"{self.max_length} positions (prompt {self._prompt_length}, generated {self._num_generated})"
+            )
+        self._check_ids(token_ids)
+        logits = self._run(token_ids, self._prompt_length + self._num_generated, last_only=False)  # [n, V]
+        self._num_generated += token_ids.numel()
+        return logits
+
+    def rollback(self, num_generated: int) -> None:
+        """Forget generated tokens beyond the first num_generated: only the length moves, nothing is copied."""
+        if not 0 <= num_generated <= self._num_generated:
+            raise ValueError(f"num_generated must be in [0, {self._num_generated}], got {num_generated}")
+        self._num_generated = num_generated
+
+    def _check_ids(self, token_ids: torch.Tensor) -> None:
+        # an out-of-range id would read past the embedding table (an IndexError deep in the model)
+        if int(token_ids.min()) < 0 or int(token_ids.max()) >= self.vocab_size:
+            raise ValueError(f"{self.name}: token ids must lie in [0, {self.vocab_size})")

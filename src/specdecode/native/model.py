@@ -1,0 +1,158 @@
+"""A lean Llama-family decoder in plain PyTorch, with a static KV cache indexed by absolute position.
+
+Shapes: n tokens fed at once, H query heads, KV key/value heads, G = H / KV query heads per
+key/value head, D head_dim, T cached positions, V vocabulary.
+
+Compared with the Hugging Face modules this fuses q/k/v into one matmul and gate/up into
+another, applies RoPE to q and k with one roll, adds the residual inside the output
+matmuls, and folds the G query heads of a group into the query length so attention
+runs on the cache as it is (no repeat of keys and values).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specdecode.native.config import NativeConfig
+from specdecode.native.rope import rope_tables
+
+__all__ = ["KVCache", "NativeTransformer", "DecoderLayer"]
+
+
+class KVCache:
+    """Preallocated keys and values: k[layer], v[layer] of shape [1, KV, max_len, D], slot t = position t.
+
+    Entries beyond the current length may hold stale values from rolled-back tokens; they are
+    overwritten before they are ever attended to, so rolling back is just moving a length.
+    """
+
+    def __init__(self, config: NativeConfig, max_len: int, dtype: torch.dtype, device: torch.device) -> None:
+        shape = (1, config.num_kv_heads, max_len, config.head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
+        self.max_len = max_len
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+
+def _linear(in_features: int, out_features: int, bias: bool, dtype: torch.dtype, device) -> nn.Linear:
+    return nn.Linear(in_features, out_features, bias=bias, dtype=dtype, device=device)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float, dtype: torch.dtype, device=None) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size, dtype=dtype, device=device))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [n, hidden] -> [n, hidden]
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block: x += attention(norm(x)); x += swiglu(norm(x))."""
+
+    def __init__(self, config: NativeConfig, dtype: torch.dtype, device=None) -> None:
+        super().__init__()
+        h, kv, d = config.num_heads, config.num_kv_heads, config.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = h, kv, d
+        self.intermediate = config.intermediate_size
+        self.attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
+        self.qkv = _linear(config.hidden_size, (h + 2 * kv) * d, config.attention_bias, dtype, device)
+        self.o = _linear(h * d, config.hidden_size, config.attention_out_bias, dtype, device)
+        self.mlp_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
+        self.gate_up = _linear(config.hidden_size, 2 * config.intermediate_size, config.mlp_bias, dtype, device)
+        self.down = _linear(config.intermediate_size, config.hidden_size, config.mlp_bias, dtype, device)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [n, hidden]
+        cos: torch.Tensor,  # [n, 1, D]
+        sin: torch.Tensor,  # [n, 1, D], sign of rotate_half included
+        positions: torch.Tensor,  # [n]
+        k_cache: torch.Tensor,  # [1, KV, T, D]
+        v_cache: torch.Tensor,  # [1, KV, T, D]
+        end: int,  # attend over cache slots [0, end)
+        mask: torch.Tensor | None,  # [G*n, end] bool, True = attend; None = attend to all
+    ) -> torch.Tensor:
+        n = x.shape[0]
+        h, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = self.qkv(self.attn_norm(x)).view(n, h + 2 * kv, d)  # [n, H + 2KV, D]
+        qk = qkv[:, : h + kv]
+        qk = torch.addcmul(qk * cos, qk.roll(d // 2, dims=-1), sin)  # RoPE on q and k at once
+        q, k, v = qk[:, :h], qk[:, h:], qkv[:, h + kv :]
+        k_cache[0].index_copy_(1, positions, k.transpose(0, 1))  # [KV, n, D] into slots `positions`
+        v_cache[0].index_copy_(1, positions, v.transpose(0, 1))
+        # fold the G heads sharing a key/value head into the query length: [1, KV, G*n, D]
+        q = q.reshape(n, kv, h // kv, d).permute(1, 2, 0, 3).reshape(1, kv, (h // kv) * n, d)
+        out = F.scaled_dot_product_attention(q, k_cache[:, :, :end], v_cache[:, :, :end], attn_mask=mask)
+        out = out.view(kv, h // kv, n, d).permute(2, 0, 1, 3).reshape(n, h * d)  # [n, H*D], head-major
+        x = self._residual(x, self.o, out)
+        gate, up = self.gate_up(self.mlp_norm(x)).chunk(2, dim=-1)  # [n, I] each
+        return self._residual(x, self.down, F.silu(gate) * up)
+
+    @staticmethod
+    def _residual(x: torch.Tensor, linear: nn.Module, y: torch.Tensor) -> torch.Tensor:
+        """x + linear(y), with the add fused into the matmul where the layer is a plain nn.Linear."""
+        if type(linear) is nn.Linear and linear.bias is None:
+            return torch.addmm(x, y, linear.weight.t())
+        return x + linear(y)
+
+
+class NativeTransformer(nn.Module):
+    """Embedding, decoder layers, final norm and head (tied to the embedding or not)."""
+
+    def __init__(self, config: NativeConfig, dtype: torch.dtype = torch.float32, device=None) -> None:
+        super().__init__()
+        self.config = config
+        self.dtype = dtype
+        self.embed = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype, device=device)
+        self.layers = nn.ModuleList(DecoderLayer(config, dtype, device) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
+        self.lm_head = _linear(config.hidden_size, config.vocab_size, False, dtype, device)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed.weight
+        self.register_buffer("rope_cos", torch.zeros(0, 1, config.head_dim, dtype=dtype), persistent=False)
+        self.register_buffer("rope_sin", torch.zeros(0, 1, config.head_dim, dtype=dtype), persistent=False)
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.weight.device
+
+    def new_cache(self, max_len: int) -> KVCache:
+        """A KV cache for positions [0, max_len), with RoPE tables to match."""
+        if max_len > self.config.max_position_embeddings:
+            raise ValueError(f"max_len {max_len} exceeds max_position_embeddings {self.config.max_position_embeddings}")
+        if self.rope_cos.shape[0] < max_len:
+            cos, sin = rope_tables(self.config, max_len)  # [max_len, D] float32
+            self.rope_cos = cos[:, None].to(self.dtype).to(self.device)  # [max_len, 1, D]
+            self.rope_sin = sin[:, None].to(self.dtype).to(self.device)
+        return KVCache(self.config, max_len, self.dtype, self.device)
+
+    def forward(
+        self, token_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, last_only: bool = False
+    ) -> torch.Tensor:
+        """Logits [n, V] (or [1, V] with last_only) for token_ids [n] at positions [n].
+
+        Writes each token's keys and values into its position's cache slot; the token at
+        position p attends to slots 0..p, which must hold the sequence's earlier tokens.
+        """
+        end = int(positions.max()) + 1
+        if end > cache.max_len or int(positions.min()) < 0:
+            raise ValueError(f"positions must lie in [0, {cache.max_len}), got up to {end - 1}")
+        n = token_ids.shape[0]
+        group = self.config.num_heads // self.config.num_kv_heads
+        mask = None  # a single token attends to every slot up to its own
+        if n > 1:
+            allowed = torch.arange(end, device=positions.device)[None, :] <= positions[:, None]  # [n, end]
+            mask = allowed.repeat(group, 1)  # [G*n, end], rows in (group head, token) order
+        cos, sin = self.rope_cos[positions], self.rope_sin[positions]  # [n, 1, D]
+        x = self.embed(token_ids)  # [n, hidden]
+        for layer, k_cache, v_cache in zip(self.layers, cache.k, cache.v):
+            x = layer(x, cos, sin, positions, k_cache, v_cache, end, mask)
+        if last_only:
+            x = x[-1:]
+        return self.lm_head(self.norm(x))  # [n, V]
