@@ -363,4 +363,4 @@ def test_prompt_longer_than_the_context_exits_2(capsys, tmp_path):
     short = save_tiny_checkpoint(tmp_path / "short", tiny_llama(seed=23, max_positions=8), tiny_tokenizer())
     assert main(["generate", "one two three four five six seven eight nine", "--target", str(short),
                  "--draft", "none", "--no-chat"]) == 2
-    assert "context window is 8" in capsys.readouterr().err
+    assert "context window 8" in capsys.readouterr().err

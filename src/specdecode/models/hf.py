@@ -33,13 +33,20 @@ def _as_ids(token_ids: torch.Tensor, name: str) -> torch.Tensor:
 
 
 class _HFAdapter:
-    """Shared state of both adapters: the wrapped model, its cache and the counters."""
+    """Shared state of both adapters: the wrapped model, its cache and the counters.
+
+    Subclasses say how to start a sequence (`_start`), how to run the decoder over
+    new tokens (`_decode`) and where the self-attention cache lives.
+    """
+
+    max_length: int
 
     def __init__(self, model: PreTrainedModel, name: str | None = None) -> None:
         self.model = model.eval()
         self.name = name or getattr(model.config, "_name_or_path", None) or type(model).__name__
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.device = next(model.parameters()).device
+        self.max_length = _context_limit(model.config)
         self._cache: DynamicCache | EncoderDecoderCache | None = None
         self._prompt_length = 0
         self._num_generated = 0
@@ -48,15 +55,33 @@ class _HFAdapter:
     def num_generated(self) -> int:
         return self._num_generated
 
-    def _check_room(self, count: int) -> None:
-        if count > self.room():
+    @torch.inference_mode()
+    def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor:
+        prompt_ids = _as_ids(prompt_ids, "prompt_ids")
+        if prompt_ids.numel() == 0:
+            raise ValueError("prompt_ids must hold at least one token")
+        if prompt_ids.numel() > self._prompt_limit():
             raise ContextLengthError(
-                f"{self.name}: feeding {count} tokens would exceed the context window of {self.max_length} positions "
-                f"(prompt {self._prompt_length}, generated {self._num_generated})"
+                f"{self.name}: the prompt has {prompt_ids.numel()} tokens but at most {self._prompt_limit()} fit "
+                f"(context window {self.max_length}); shorten the prompt"
             )
+        self._prompt_length = prompt_ids.numel()
+        self._num_generated = 0
+        return self._start(prompt_ids[None].to(self.device))[0, -1].float()
 
-    def _self_attention_cache(self) -> DynamicCache:
-        raise NotImplementedError
+    @torch.inference_mode()
+    def extend(self, token_ids: torch.Tensor) -> torch.Tensor:
+        token_ids = _as_ids(token_ids, "token_ids")
+        if self._cache is None:
+            raise RuntimeError("call prefill() before extend()")
+        if token_ids.numel() > self.room():
+            raise ContextLengthError(
+                f"{self.name}: feeding {token_ids.numel()} tokens would exceed the context window of {self.max_length} "
+                f"positions (prompt {self._prompt_length}, generated {self._num_generated})"
+            )
+        logits = self._decode(token_ids[None].to(self.device))
+        self._num_generated += token_ids.numel()
+        return logits[0].float()
 
     def rollback(self, num_generated: int) -> None:
         if not 0 <= num_generated <= self._num_generated:
@@ -66,42 +91,39 @@ class _HFAdapter:
             self._self_attention_cache().crop(-remove)
         self._num_generated = num_generated
 
+    def room(self) -> int:
+        raise NotImplementedError
+
+    def _prompt_limit(self) -> int:
+        raise NotImplementedError
+
+    def _start(self, prompt_ids: torch.Tensor) -> torch.Tensor:
+        """Fresh cache, run the prompt [1, P]; return logits [1, *, V] whose last row predicts the first token."""
+        raise NotImplementedError
+
+    def _decode(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Run generated tokens [1, n] through the cached model; return logits [1, n, V]."""
+        raise NotImplementedError
+
+    def _self_attention_cache(self) -> DynamicCache:
+        raise NotImplementedError
+
 
 class HFCausalLM(_HFAdapter):
     """A decoder-only Hugging Face model: prompt and generated tokens share one KV cache."""
 
-    def __init__(self, model: PreTrainedModel, name: str | None = None) -> None:
-        super().__init__(model, name)
-        self.max_length = _context_limit(model.config)
-
     def room(self) -> int:
         return self.max_length - self._prompt_length - self._num_generated
 
-    @torch.inference_mode()
-    def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor:
-        prompt_ids = _as_ids(prompt_ids, "prompt_ids")
-        if prompt_ids.numel() == 0:
-            raise ValueError("prompt_ids must hold at least one token")
-        if prompt_ids.numel() >= self.max_length:
-            raise ContextLengthError(
-                f"{self.name}: the prompt has {prompt_ids.numel()} tokens but the context window is {self.max_length}; "
-                "shorten the prompt"
-            )
-        self._cache = DynamicCache(config=self.model.config)
-        self._prompt_length = prompt_ids.numel()
-        self._num_generated = 0
-        out = self.model(input_ids=prompt_ids[None].to(self.device), cache=self._cache, use_cache=True, logits_to_keep=1)
-        return out.logits[0, -1].float()
+    def _prompt_limit(self) -> int:
+        return self.max_length - 1  # room for at least the first generated token
 
-    @torch.inference_mode()
-    def extend(self, token_ids: torch.Tensor) -> torch.Tensor:
-        token_ids = _as_ids(token_ids, "token_ids")
-        if self._cache is None:
-            raise RuntimeError("call prefill() before extend()")
-        self._check_room(token_ids.numel())
-        out = self.model(input_ids=token_ids[None].to(self.device), cache=self._cache, use_cache=True)
-        self._num_generated += token_ids.numel()
-        return out.logits[0].float()
+    def _start(self, prompt_ids: torch.Tensor) -> torch.Tensor:
+        self._cache = DynamicCache(config=self.model.config)
+        return self.model(input_ids=prompt_ids, cache=self._cache, use_cache=True, logits_to_keep=1).logits
+
+    def _decode(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=token_ids, cache=self._cache, use_cache=True).logits
 
     def _self_attention_cache(self) -> DynamicCache:
         return self._cache
@@ -112,7 +134,6 @@ class HFSeq2SeqLM(_HFAdapter):
 
     def __init__(self, model: PreTrainedModel, name: str | None = None) -> None:
         super().__init__(model, name)
-        self.max_length = _context_limit(model.config)
         start = model.config.decoder_start_token_id
         if start is None:
             raise ValueError(f"{self.name}: config.decoder_start_token_id is not set")
@@ -123,38 +144,18 @@ class HFSeq2SeqLM(_HFAdapter):
         # the decoder holds the start token plus the generated tokens
         return self.max_length - 1 - self._num_generated
 
-    @torch.inference_mode()
-    def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor:
-        prompt_ids = _as_ids(prompt_ids, "prompt_ids")
-        if prompt_ids.numel() == 0:
-            raise ValueError("prompt_ids must hold at least one token")
-        if prompt_ids.numel() > self.max_length:
-            raise ContextLengthError(
-                f"{self.name}: the prompt has {prompt_ids.numel()} tokens but the encoder takes at most {self.max_length}"
-            )
+    def _prompt_limit(self) -> int:
+        return self.max_length  # the encoder's own window
+
+    def _start(self, prompt_ids: torch.Tensor) -> torch.Tensor:
         config = self.model.config
         self._cache = EncoderDecoderCache(DynamicCache(config=config), DynamicCache(config=config))
-        self._prompt_length = prompt_ids.numel()
-        self._num_generated = 0
-        self._encoder_outputs = self.model.get_encoder()(input_ids=prompt_ids[None].to(self.device))
-        start = torch.tensor([[self.decoder_start_token_id]], device=self.device)
-        out = self.model(encoder_outputs=self._encoder_outputs, decoder_input_ids=start, cache=self._cache, use_cache=True)
-        return out.logits[0, -1].float()
+        self._encoder_outputs = self.model.get_encoder()(input_ids=prompt_ids)
+        return self._decode(torch.tensor([[self.decoder_start_token_id]], device=self.device))
 
-    @torch.inference_mode()
-    def extend(self, token_ids: torch.Tensor) -> torch.Tensor:
-        token_ids = _as_ids(token_ids, "token_ids")
-        if self._cache is None:
-            raise RuntimeError("call prefill() before extend()")
-        self._check_room(token_ids.numel())
-        out = self.model(
-            encoder_outputs=self._encoder_outputs,
-            decoder_input_ids=token_ids[None].to(self.device),
-            cache=self._cache,
-            use_cache=True,
-        )
-        self._num_generated += token_ids.numel()
-        return out.logits[0].float()
+    def _decode(self, token_ids: torch.Tensor) -> torch.Tensor:
+        out = self.model(encoder_outputs=self._encoder_outputs, decoder_input_ids=token_ids, cache=self._cache, use_cache=True)
+        return out.logits
 
     def _self_attention_cache(self) -> DynamicCache:
         return self._cache.self_attention_cache
