@@ -24,9 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("prompt", nargs="?", help="the prompt (or use --prompt-file)")
     gen.add_argument("--prompt-file", type=Path, help="Spec-Bench-style JSONL: the first turn of each line is a prompt")
     gen.add_argument("--limit", type=int, help="with --prompt-file: use only the first N prompts")
-    gen.add_argument("--target", default=DEFAULT_TARGET, help=f"target model: {DEFAULT_TARGET} (default), a .gguf file or an HF directory/id")
-    gen.add_argument("--draft", default=DEFAULT_DRAFT, help="draft: 'ngram' (prompt lookup, default), 'none' (target alone), or a model path/id")
-    gen.add_argument("--gamma", type=int, default=4, help="draft tokens per target call (default 4)")
+    add_model_options(gen)
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     gen.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens")
     gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1]")
@@ -36,12 +34,32 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None, help="apply the chat template (default: when the tokenizer has one)")
     gen.add_argument("--compare", action="store_true", help="also run the target alone; report speedup and whether greedy outputs match")
     gen.add_argument("--json", action="store_true", help="print one JSON object per prompt instead of streaming text")
+
+    serve = commands.add_parser("serve", help="serve an OpenAI-compatible HTTP API (completions, chat, streaming, metrics)")
+    add_model_options(serve)
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    serve.add_argument("--model-name", help="the served model's id in the API (default: --target)")
+    serve.add_argument("--max-prompt-tokens", type=int, default=2048, help="longest prompt in tokens (default 2048)")
+    serve.add_argument("--max-tokens", type=int, default=400, help="largest max_tokens a request may ask for (default 400)")
+    serve.add_argument("--max-queue", type=int, default=64, help="requests that may wait while one runs; more get 429 (default 64)")
+    serve.add_argument("--shutdown-grace", type=float, default=30.0, help="seconds a running generation may finish at shutdown (default 30)")
+    serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     return parser
+
+
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    """The model options a subcommand shares: --target, --draft, --gamma."""
+    parser.add_argument("--target", default=DEFAULT_TARGET, help=f"target model: {DEFAULT_TARGET} (default), a .gguf file or an HF directory/id")
+    parser.add_argument("--draft", default=DEFAULT_DRAFT, help="draft: 'ngram' (prompt lookup, default), 'none' (target alone), or a model path/id")
+    parser.add_argument("--gamma", type=int, default=4, help="draft tokens per target call (default 4)")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "serve":
+        return _serve(parser, args)
     try:
         prompts = _prompts(args)
         sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
@@ -167,6 +185,35 @@ def _summary(result: GenerationResult, baseline: GenerationResult | None, sampli
             same = baseline.token_ids == result.token_ids
             line += "; greedy outputs identical" if same else "; GREEDY OUTPUTS DIFFER (this is a bug, please report it)"
     return line
+
+
+def _serve(parser: argparse.ArgumentParser, args) -> int:
+    """`specdecode serve`: load the pipeline, warm it up, serve until interrupted."""
+    from specdecode.server import ServerConfig, serve  # fastapi and uvicorn only when serving
+
+    try:
+        if args.gamma < 1:
+            raise ValueError(f"gamma must be an integer >= 1, got {args.gamma}")
+        if not 0 <= args.port < 65536:
+            raise ValueError(f"port must be in [0, 65535], got {args.port}")
+        config = ServerConfig(
+            model_id=args.model_name,
+            max_prompt_tokens=args.max_prompt_tokens,
+            max_tokens=args.max_tokens,
+            max_queue=args.max_queue,
+            shutdown_grace=args.shutdown_grace,
+            draft_aliases=(args.draft,),
+        )
+    except ValueError as error:
+        parser.error(str(error))  # exits with status 2
+    try:
+        pipeline = Pipeline.load(args.target, args.draft, args.gamma)
+        _warm_up(pipeline)
+    except (ValueError, FileNotFoundError) as error:
+        print(f"specdecode: error: {error}", file=sys.stderr)
+        return 2
+    serve(pipeline, config, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
 
 
 if __name__ == "__main__":

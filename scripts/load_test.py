@@ -1,0 +1,261 @@
+"""Load test of `specdecode serve`: concurrent streaming clients, checked token for token.
+
+    .venv/bin/python scripts/load_test.py --tiny                 # starts a server on tiny random models
+    .venv/bin/python scripts/load_test.py                        # starts `specdecode serve` (default model)
+    .venv/bin/python scripts/load_test.py --url http://127.0.0.1:8000   # an already running server
+
+First each distinct prompt is sent once without streaming at temperature 0 (the
+reference text). Then `--clients` concurrent clients stream `--requests` chat
+completions of the same prompts (bounded by `--time-limit`), and every streamed text
+must equal its reference: a lost, duplicated or reordered token shows as a mismatch.
+Reports errors, mismatches, p50/p95 latency and time to first token, and the total
+generated tokens per second. Exits 1 if any request failed or mismatched.
+
+Only talks to 127.0.0.1 (or the --url given); all loops are bounded in count and time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+from openai import AsyncOpenAI
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PROMPTS = [  # plain words, so the tiny word-level vocabulary covers them too
+    "the quick red dog runs to the river",
+    "a small bird sees the big green tree",
+    "hello world , this is the blue house",
+    "one two three four five six seven",
+    "the cat eats a fish on the stone",
+    "is it dark or light in the house ?",
+    "the slow dog sleeps and the quick cat jumps",
+    "what is the river , and where is it ?",
+]
+
+
+@dataclass
+class Outcome:
+    prompt: int
+    latency: float = math.nan
+    ttft: float = math.nan
+    tokens: int = 0
+    chunks: int = 0
+    text: str = ""
+    error: str | None = None
+
+
+@dataclass
+class Report:
+    outcomes: list[Outcome] = field(default_factory=list)
+    wall: float = 0.0
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in [0, 100]); nan for no values."""
+    values = sorted(v for v in values if not math.isnan(v))
+    if not values:
+        return math.nan
+    return values[min(len(values) - 1, max(0, math.ceil(q / 100 * len(values)) - 1))]
+
+
+# --------------------------------------------------------------------------- the server
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _tiny_checkpoints(directory: Path) -> tuple[Path, Path]:
+    """A tiny random Llama target and a near copy as draft (the test suite's helpers)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from tiny_hf import perturbed_copy, save_tiny_checkpoint, tiny_llama, tiny_tokenizer
+
+    target = tiny_llama(seed=20)
+    tokenizer = tiny_tokenizer()
+    return (
+        save_tiny_checkpoint(directory / "target", target, tokenizer),
+        save_tiny_checkpoint(directory / "draft", perturbed_copy(target, seed=21, scale=0.05), tokenizer),
+    )
+
+
+@contextlib.contextmanager
+def started_server(args: argparse.Namespace):
+    """Yield the base URL of `specdecode serve` run as a child process on 127.0.0.1; stop it with SIGINT."""
+    with tempfile.TemporaryDirectory(prefix="specdecode-load-") as tmp:
+        port = _free_port()
+        command = [sys.executable, "-m", "specdecode.cli", "serve", "--port", str(port), "--log-level", "warning",
+                   "--max-queue", str(max(64, args.clients)), "--max-tokens", str(max(400, args.max_tokens))]
+        if args.tiny:
+            target, draft = _tiny_checkpoints(Path(tmp))
+            command += ["--target", str(target), "--draft", str(draft)]
+        elif args.draft:
+            command += ["--draft", args.draft]
+        env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
+        process = subprocess.Popen(command, cwd=ROOT, env=env)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + args.start_timeout
+            while True:
+                if process.poll() is not None:
+                    raise SystemExit(f"the server exited with status {process.returncode}")
+                if time.monotonic() > deadline:
+                    raise SystemExit("the server did not become ready in time")
+                with contextlib.suppress(httpx.HTTPError):
+                    if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                        break
+                time.sleep(0.25)
+            yield url
+        finally:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+# --------------------------------------------------------------------------- the clients
+
+
+async def one_request(client: AsyncOpenAI, model: str, prompt: int, args: argparse.Namespace) -> Outcome:
+    outcome = Outcome(prompt)
+    start = time.perf_counter()
+    try:
+        stream = await client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": PROMPTS[prompt]}], max_tokens=args.max_tokens,
+            temperature=0, stream=True, stream_options={"include_usage": True},
+        )
+        pieces = []
+        async for chunk in stream:
+            if chunk.usage is not None:
+                outcome.tokens = chunk.usage.completion_tokens
+            if chunk.choices and chunk.choices[0].delta.content:
+                if not pieces:
+                    outcome.ttft = time.perf_counter() - start
+                pieces.append(chunk.choices[0].delta.content)
+        outcome.text, outcome.chunks = "".join(pieces), len(pieces)
+        outcome.latency = time.perf_counter() - start
+    except Exception as error:  # every failure is reported, none stops the test
+        outcome.error = f"{type(error).__name__}: {error}"
+    return outcome
+
+
+async def run_load(url: str, args: argparse.Namespace) -> tuple[dict[int, str], Report]:
+    client = AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=args.time_limit)
+    model = (await client.models.list()).data[0].id
+    prompts = list(range(min(args.prompts, len(PROMPTS))))
+    references = {}
+    for p in prompts:  # one at a time, before the load
+        response = await client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": PROMPTS[p]}], max_tokens=args.max_tokens, temperature=0
+        )
+        references[p] = response.choices[0].message.content
+
+    todo: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(args.requests):
+        todo.put_nowait(prompts[i % len(prompts)])
+    report = Report()
+
+    async def client_loop() -> None:
+        while not todo.empty():
+            report.outcomes.append(await one_request(client, model, todo.get_nowait(), args))
+
+    start = time.perf_counter()
+    tasks = [asyncio.create_task(client_loop()) for _ in range(args.clients)]
+    done, pending = await asyncio.wait(tasks, timeout=args.time_limit)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    report.wall = time.perf_counter() - start
+    unfinished = args.requests - len(report.outcomes)
+    report.outcomes += [Outcome(-1, error="not finished within --time-limit")] * unfinished
+    await client.close()
+    return references, report
+
+
+def summarize(references: dict[int, str], report: Report, url: str) -> dict:
+    ok = [o for o in report.outcomes if o.error is None]
+    mismatched = [o for o in ok if o.text != references[o.prompt]]
+    tokens = sum(o.tokens for o in ok)
+    server: dict = {}
+    with contextlib.suppress(httpx.HTTPError, ValueError):
+        server = httpx.get(f"{url}/metrics.json", timeout=5).json()
+    summary = {
+        "requests": len(report.outcomes),
+        "ok": len(ok),
+        "errors": len(report.outcomes) - len(ok),
+        "mismatches": len(mismatched),
+        "first_errors": sorted({o.error for o in report.outcomes if o.error})[:3],
+        "latency_p50_s": percentile([o.latency for o in ok], 50),
+        "latency_p95_s": percentile([o.latency for o in ok], 95),
+        "ttft_p50_s": percentile([o.ttft for o in ok], 50),
+        "ttft_p95_s": percentile([o.ttft for o in ok], 95),
+        "completion_tokens": tokens,
+        "wall_s": report.wall,
+        "tokens_per_s": tokens / report.wall if report.wall else 0.0,
+        "mean_chunks_per_request": sum(o.chunks for o in ok) / len(ok) if ok else 0.0,
+    }
+    if server:  # the server's own view (all requests so far, references included)
+        def total(name: str, key: str = "value") -> float:
+            return sum(sample.get(key, 0.0) for sample in server.get(name, {}).get("samples", []))
+
+        calls = total("specdecode_target_calls")
+        rates = total("specdecode_generation_tokens_per_second", "count")
+        summary["server_tokens_per_target_call"] = total("specdecode_completion_tokens") / calls if calls else None
+        summary["server_mean_generation_tokens_per_s"] = (
+            total("specdecode_generation_tokens_per_second", "sum") / rates if rates else None
+        )
+        summary["server_acceptance_by_position"] = server.get("acceptance_by_position")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--url", help="test a running server (http://127.0.0.1:PORT) instead of starting one")
+    where.add_argument("--tiny", action="store_true", help="start a server on tiny random models (fast)")
+    parser.add_argument("--draft", help="draft for the started default-model server (default: serve's default)")
+    parser.add_argument("--clients", type=int, default=32, help="concurrent streaming clients (default 32)")
+    parser.add_argument("--requests", type=int, default=64, help="requests in all (default 64)")
+    parser.add_argument("--max-tokens", type=int, default=32, help="tokens per request (default 32)")
+    parser.add_argument("--prompts", type=int, default=8, help=f"distinct prompts, at most {len(PROMPTS)} (default 8)")
+    parser.add_argument("--time-limit", type=float, default=600, help="seconds for the load phase (default 600)")
+    parser.add_argument("--start-timeout", type=float, default=300, help="seconds to wait for a started server")
+    args = parser.parse_args(argv)
+    if min(args.clients, args.requests, args.max_tokens, args.prompts) < 1:
+        parser.error("--clients, --requests, --max-tokens and --prompts must be >= 1")
+
+    with contextlib.ExitStack() as stack:
+        url = args.url.rstrip("/") if args.url else stack.enter_context(started_server(args))
+        references, report = asyncio.run(run_load(url, args))
+        summary = summarize(references, report, url)
+    print(json.dumps(summary, indent=2))
+    print(
+        f"{summary['ok']}/{summary['requests']} ok, {summary['errors']} errors, {summary['mismatches']} mismatches; "
+        f"latency p50 {summary['latency_p50_s']:.2f}s p95 {summary['latency_p95_s']:.2f}s; "
+        f"TTFT p50 {summary['ttft_p50_s']:.2f}s p95 {summary['ttft_p95_s']:.2f}s; "
+        f"{summary['completion_tokens']} tokens in {summary['wall_s']:.1f}s = {summary['tokens_per_s']:.1f} tokens/s",
+        file=sys.stderr,
+    )
+    return 0 if summary["errors"] == 0 and summary["mismatches"] == 0 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
