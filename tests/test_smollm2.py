@@ -12,6 +12,7 @@ from conftest import SHARED_DATA
 
 from specdecode.cli import main
 from specdecode.core.sampling import SamplingParams
+from specdecode.models.loading import load_model
 from specdecode.pipeline import Pipeline
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_model]
@@ -31,7 +32,7 @@ def spec_bench_prompts(count):
 
 
 def test_default_model_shape(pipeline):
-    config = pipeline.target.hf_model.config
+    config = pipeline.target.hf_model.config  # a transformers config on either backend
     assert (config.num_hidden_layers, config.hidden_size, config.vocab_size) == (30, 576, 49152)
     assert pipeline.target.model.vocab_size == 49152 and config.tie_word_embeddings
     assert pipeline.eos_token_ids() == {2}  # <|im_end|>
@@ -52,16 +53,15 @@ def test_greedy_identity_on_spec_bench_prompts(pipeline):
 def test_plain_loop_matches_transformers_generate(pipeline):
     ids = pipeline.encode(spec_bench_prompts(10)[3])
     ours = pipeline.generate(ids, max_new_tokens=32, sampling=GREEDY, speculative=False).token_ids
+    hf_model = load_model().hf_model  # transformers' own generate, whatever backend the pipeline runs on
     with torch.inference_mode():
-        theirs = pipeline.target.hf_model.generate(ids[None], max_new_tokens=32, do_sample=False)[0, len(ids):].tolist()
+        theirs = hf_model.generate(ids[None], max_new_tokens=32, do_sample=False)[0, len(ids):].tolist()
     assert ours == theirs[: len(ours)]
 
 
 def test_self_draft_accepts_everything():
     """The target as its own draft: alpha is 1 and a round yields gamma + 1 tokens."""
     from specdecode.drafters import ModelDrafter
-    from specdecode.models.loading import load_model
-
     pipe = Pipeline.load(draft="none", gamma=3)
     pipe.drafter = ModelDrafter(load_model().model)
     result = pipe.generate(pipe.encode("Count from one to twenty in words."), max_new_tokens=24, sampling=GREEDY)

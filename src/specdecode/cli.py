@@ -8,6 +8,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from specdecode.backends import BACKENDS
 from specdecode.core.sampling import SamplingParams
 from specdecode.decoding import GenerationResult
 from specdecode.models.loading import DEFAULT_TARGET
@@ -53,6 +54,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default=DEFAULT_TARGET, help=f"target model: {DEFAULT_TARGET} (default), a .gguf file or an HF directory/id")
     parser.add_argument("--draft", default=DEFAULT_DRAFT, help="draft: 'ngram' (prompt lookup, default), 'none' (target alone), or a model path/id")
     parser.add_argument("--gamma", type=int, default=4, help="draft tokens per target call (default 4)")
+    parser.add_argument("--backend", choices=BACKENDS, default="auto", help="engine: native (fast PyTorch Llama/Qwen2), hf (transformers), auto (default: native where supported)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         parser.error(str(error))  # exits with status 2
     try:
-        pipeline = Pipeline.load(args.target, args.draft, args.gamma)
+        pipeline = Pipeline.load(args.target, args.draft, args.gamma, args.backend)
         _warm_up(pipeline)
         progress = _progress(prompts, enabled=args.prompt_file is not None and sys.stderr.isatty())
         for extra, prompt in progress:
@@ -207,7 +209,7 @@ def _serve(parser: argparse.ArgumentParser, args) -> int:
     except ValueError as error:
         parser.error(str(error))  # exits with status 2
     try:
-        pipeline = Pipeline.load(args.target, args.draft, args.gamma)
+        pipeline = Pipeline.load(args.target, args.draft, args.gamma, args.backend)
         _warm_up(pipeline)
     except (ValueError, FileNotFoundError) as error:
         print(f"specdecode: error: {error}", file=sys.stderr)

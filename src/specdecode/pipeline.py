@@ -11,7 +11,8 @@ from specdecode.core.sampling import SamplingParams
 from specdecode.decoding import GenerationResult, TokenStream, stream
 from specdecode.drafters import Drafter, ModelDrafter, PromptLookupDrafter
 from specdecode.models.compat import check_vocabularies
-from specdecode.models.loading import DEFAULT_TARGET, LoadedModel, load_model
+from specdecode import backends
+from specdecode.models.loading import DEFAULT_TARGET, LoadedModel
 
 __all__ = ["Pipeline", "StopStrings", "DEFAULT_DRAFT", "make_drafter"]
 
@@ -46,13 +47,13 @@ class StopStrings:
         return text[:cut]
 
 
-def make_drafter(spec: str | None, target: LoadedModel) -> Drafter | None:
+def make_drafter(spec: str | None, target: LoadedModel, backend: str = "auto") -> Drafter | None:
     """A drafter from its CLI name: 'ngram' (prompt lookup), 'none' (target alone), or a model path/id."""
     if spec is None or spec == "none":
         return None
     if spec == "ngram":
         return PromptLookupDrafter()
-    draft = load_model(spec)
+    draft = backends.load(spec, backend)
     check_vocabularies(target.tokenizer, draft.tokenizer, target.model.vocab_size, draft.model.vocab_size)
     return ModelDrafter(draft.model)
 
@@ -66,11 +67,14 @@ class Pipeline:
     gamma: int = 4
 
     @classmethod
-    def load(cls, target: str = DEFAULT_TARGET, draft: str | None = DEFAULT_DRAFT, gamma: int = 4) -> "Pipeline":
-        loaded = load_model(target)
+    def load(
+        cls, target: str = DEFAULT_TARGET, draft: str | None = DEFAULT_DRAFT, gamma: int = 4, backend: str = "auto"
+    ) -> "Pipeline":
+        """Load target and draft on `backend` ('auto': the native engine where it supports the model, else HF)."""
+        loaded = backends.load(target, backend)
         if loaded.tokenizer is None:
             raise ValueError(f"target: {target} has no tokenizer, so it cannot take text prompts")
-        return cls(loaded, make_drafter(draft, loaded), gamma)
+        return cls(loaded, make_drafter(draft, loaded, backend), gamma)
 
     @property
     def tokenizer(self):

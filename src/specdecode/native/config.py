@@ -6,14 +6,15 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["NativeConfig", "SUPPORTED_ROPE_TYPES"]
+__all__ = ["NativeConfig", "SUPPORTED_ROPE_TYPES", "HF_ARCHITECTURES"]
 
 # 'dynamic' NTK scaling only changes the frequencies beyond max_position_embeddings, which the
 # engine never reaches (its context is capped there), so it is plain RoPE here, as in transformers.
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
 
-# model_type of a transformers config -> the parts of the architecture that differ
+# model_type values of the transformers configs the engine runs (specdecode.backends reads this)
 _HF_ARCHITECTURES = {"llama", "qwen2", "mistral"}
+HF_ARCHITECTURES = frozenset(_HF_ARCHITECTURES)
 
 
 @dataclass
@@ -56,7 +57,8 @@ class NativeConfig:
         if self.rope_scaling is not None:
             rope_type = self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
             if rope_type not in SUPPORTED_ROPE_TYPES:
-                raise ValueError(f"unsupported RoPE scaling {rope_type!r}; supported: {', '.join(SUPPORTED_ROPE_TYPES)}")
+                supported = ", ".join(SUPPORTED_ROPE_TYPES)
+                raise ValueError(f"unsupported RoPE scaling {rope_type!r}; supported: {supported}")
             if self.rope_scaling.get("partial_rotary_factor", 1.0) != 1.0:
                 raise ValueError("partial rotary embeddings (partial_rotary_factor != 1) are not supported")
             self.rope_scaling = {**self.rope_scaling, "rope_type": rope_type}
@@ -78,6 +80,35 @@ class NativeConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "NativeConfig":
         return cls(**data)
+
+    def to_hf_config(self):
+        """The equivalent transformers config (LlamaConfig, Qwen2Config or MistralConfig), e.g. for a GGUF model."""
+        from transformers import AutoConfig
+
+        if self.architecture not in _HF_ARCHITECTURES:
+            raise ValueError(f"no transformers config for architecture {self.architecture!r}")
+        fields = dict(
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_hidden_layers=self.num_layers,
+            num_attention_heads=self.num_heads,
+            num_key_value_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            rope_parameters={"rope_theta": self.rope_theta, **(self.rope_scaling or {"rope_type": "default"})},
+            rms_norm_eps=self.rms_norm_eps,
+            tie_word_embeddings=self.tie_word_embeddings,
+            max_position_embeddings=self.max_position_embeddings,
+            bos_token_id=self.bos_token_id,
+            eos_token_id=self.eos_token_id,
+        )
+        if self.architecture == "llama":
+            fields.update(attention_bias=self.attention_bias, mlp_bias=self.mlp_bias)
+        elif self.architecture == "mistral":
+            fields.update(sliding_window=self.sliding_window)
+        elif self.sliding_window is not None:  # qwen2
+            fields.update(use_sliding_window=True, sliding_window=self.sliding_window)
+        return AutoConfig.for_model(self.architecture, **fields)
 
     @classmethod
     def from_hf_config(cls, config) -> "NativeConfig":

@@ -19,13 +19,36 @@ def _as_ids(token_ids: torch.Tensor, name: str) -> torch.Tensor:
     return token_ids.to(torch.long)
 
 
+def _apply_packing(model: NativeTransformer, packing: str) -> str:
+    """Pack the model's linear layers as asked (in place); return the packing it ends up with."""
+    from specdecode.native.fast import current_packing, pack_linears, packing_available
+
+    current = current_packing(model)
+    if packing == "auto":
+        if current != "none":
+            return current
+        # float32: MKL's gemv beats oneDNN for one row, so keep both; bfloat16: oneDNN wins for any rows
+        best = {torch.float32: "dual", torch.bfloat16: "packed"}.get(model.dtype, "none")
+        packing = best if model.device.type == "cpu" and packing_available() else "none"
+    if packing == current:
+        return current
+    if current != "none":
+        raise ValueError(f"the model is already packed as {current!r}; build a fresh model for packing={packing!r}")
+    pack_linears(model, packing)
+    return packing
+
+
 class NativeLM:
     """A decoder-only `LanguageModel` on a `NativeTransformer` with a static KV cache.
 
     max_length = min(max_position_embeddings, sliding_window, max_cache_len): within a sliding
     window attention is full attention, so capping the context there keeps it exact.
-    `packed=True` prepacks the linear weights for oneDNN (see `specdecode.native.fast`);
-    `compile=True` runs the model through torch.compile (slow to start, see the benchmark).
+    packing: 'none' (plain nn.Linear), 'packed' (weights prepacked for oneDNN: several rows cost little
+    more than one), 'dual' (also a plain copy for single rows: fastest in float32, twice the weight
+    memory) or 'auto' (on a CPU with oneDNN: dual for float32, packed for bfloat16; else none); see
+    `specdecode.native.fast`. Packing replaces
+    the model's linear layers in place. compile=True runs the model through torch.compile
+    (minutes to start, not faster on CPU in our measurements).
     """
 
     def __init__(
@@ -34,11 +57,15 @@ class NativeLM:
         name: str = "native",
         max_cache_len: int = DEFAULT_MAX_CACHE_LEN,
         *,
-        packed: bool = False,
+        packing: str = "auto",
         compile: bool = False,
     ) -> None:
         if isinstance(max_cache_len, bool) or not isinstance(max_cache_len, int) or max_cache_len < 2:
             raise ValueError(f"max_cache_len must be an integer >= 2, got {max_cache_len!r}")
+        if packing not in ("auto", "none", "packed", "dual"):
+            raise ValueError(f"packing must be 'auto', 'none', 'packed' or 'dual', got {packing!r}")
+        if compile and packing in ("packed", "dual"):
+            raise ValueError("compile=True packs the weights itself (inductor freezing); use packing='none'")
         config = model.config
         self.model = model.eval().requires_grad_(False)
         self.name = name
@@ -46,15 +73,13 @@ class NativeLM:
         self.vocab_size = config.vocab_size
         self.max_length = min(config.max_position_embeddings, config.sliding_window or max_cache_len, max_cache_len)
         self.device = model.device
-        self._cache: KVCache = model.new_cache(self.max_length)
+        self.packing = _apply_packing(model, "none" if compile else packing)
         self._forward = model
-        if packed or compile:
-            from specdecode.native.fast import compiled_forward, pack_linears
+        if compile:
+            from specdecode.native.fast import compiled_forward
 
-            if packed:
-                pack_linears(model)
-            if compile:
-                self._forward = compiled_forward(model)
+            self._forward = compiled_forward(model)
+        self._cache: KVCache = model.new_cache(self.max_length)
         self._prompt_length = 0
         self._num_generated = 0
         self._started = False
@@ -78,8 +103,8 @@ class NativeLM:
             raise ValueError("prompt_ids must hold at least one token")
         if prompt_ids.numel() >= self.max_length:
             raise ContextLengthError(
-                f"{self.name}: the prompt has {prompt_ids.numel()} tokens but the context window (KV cache) holds "
-                f"{self.max_length} positions; shorten the prompt or raise max_cache_len"
+                f"{self.name}: the prompt has {prompt_ids.numel()} tokens but at most {self.max_length - 1} fit "
+                f"(context window {self.max_length}, the KV cache size); shorten the prompt or raise max_cache_len"
             )
         self._check_ids(prompt_ids)
         self._prompt_length, self._num_generated, self._started = prompt_ids.numel(), 0, True
@@ -94,8 +119,8 @@ class NativeLM:
             raise ValueError("token_ids must hold at least one token")
         if token_ids.numel() > self.room():
             raise ContextLengthError(
-                f"{self.name}: feeding {token_ids.numel()} tokens would exceed the context window (KV cache) of "
-                f"{self.max_length} positions (prompt {self._prompt_length}, generated {self._num_generated})"
+                f"{self.name}: feeding {token_ids.numel()} tokens would exceed the context window of {self.max_length} "
+                f"positions (prompt {self._prompt_length}, generated {self._num_generated})"
             )
         self._check_ids(token_ids)
         logits = self._run(token_ids, self._prompt_length + self._num_generated, last_only=False)  # [n, V]
@@ -110,5 +135,6 @@ class NativeLM:
 
     def _check_ids(self, token_ids: torch.Tensor) -> None:
         # an out-of-range id would read past the embedding table (an IndexError deep in the model)
-        if int(token_ids.min()) < 0 or int(token_ids.max()) >= self.vocab_size:
+        low, high = torch.aminmax(token_ids)
+        if int(low) < 0 or int(high) >= self.vocab_size:
             raise ValueError(f"{self.name}: token ids must lie in [0, {self.vocab_size})")

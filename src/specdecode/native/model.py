@@ -59,7 +59,6 @@ class DecoderLayer(nn.Module):
         super().__init__()
         h, kv, d = config.num_heads, config.num_kv_heads, config.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = h, kv, d
-        self.intermediate = config.intermediate_size
         self.attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
         self.qkv = _linear(config.hidden_size, (h + 2 * kv) * d, config.attention_bias, dtype, device)
         self.o = _linear(h * d, config.hidden_size, config.attention_out_bias, dtype, device)
@@ -96,7 +95,10 @@ class DecoderLayer(nn.Module):
 
     @staticmethod
     def _residual(x: torch.Tensor, linear: nn.Module, y: torch.Tensor) -> torch.Tensor:
-        """x + linear(y), with the add fused into the matmul where the layer is a plain nn.Linear."""
+        """x + linear(y), with the add fused into the matmul where the layer allows it."""
+        fused = getattr(linear, "forward_add", None)  # a packed layer (specdecode.native.fast)
+        if fused is not None:
+            return fused(y, x)
         if type(linear) is nn.Linear and linear.bias is None:
             return torch.addmm(x, y, linear.weight.t())
         return x + linear(y)
@@ -140,9 +142,10 @@ class NativeTransformer(nn.Module):
         Writes each token's keys and values into its position's cache slot; the token at
         position p attends to slots 0..p, which must hold the sequence's earlier tokens.
         """
-        end = int(positions.max()) + 1
-        if end > cache.max_len or int(positions.min()) < 0:
-            raise ValueError(f"positions must lie in [0, {cache.max_len}), got up to {end - 1}")
+        low, high = (int(p) for p in torch.aminmax(positions))
+        end = high + 1
+        if end > cache.max_len or low < 0:
+            raise ValueError(f"positions must lie in [0, {cache.max_len}), got [{low}, {high}]")
         n = token_ids.shape[0]
         group = self.config.num_heads // self.config.num_kv_heads
         mask = None  # a single token attends to every slot up to its own

@@ -1,0 +1,49 @@
+"""Choosing the engine a model runs on: the native PyTorch engine or Hugging Face transformers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from specdecode.models.loading import DEFAULT_TARGET, LoadedModel, load_model
+
+__all__ = ["BACKENDS", "load", "native_supports"]
+
+BACKENDS = ("auto", "native", "hf")
+
+
+def native_supports(name_or_path: str) -> bool:
+    """Whether the native engine runs this model: the default, a Llama/Qwen2 GGUF file or HF directory."""
+    from specdecode.native.config import HF_ARCHITECTURES
+    from specdecode.native.loading import GGUF_ARCHITECTURES
+
+    if name_or_path == DEFAULT_TARGET:
+        return True
+    path = Path(name_or_path)
+    if path.suffix == ".gguf":
+        return path.is_file() and _gguf_architecture(path) in GGUF_ARCHITECTURES
+    config = path / "config.json"
+    if not config.is_file():
+        return False  # a model id in the HF cache, or nothing: let transformers handle (or refuse) it
+    return json.loads(config.read_text()).get("model_type") in HF_ARCHITECTURES
+
+
+def _gguf_architecture(path: Path) -> str | None:
+    from gguf import GGUFReader
+
+    try:
+        field = GGUFReader(path).fields.get("general.architecture")
+    except (ValueError, OSError):  # not a GGUF file: the loader reports it properly
+        return None
+    return None if field is None else bytes(field.parts[field.data[0]]).decode()
+
+
+def load(name_or_path: str, backend: str = "auto") -> LoadedModel:
+    """Load a model on `backend`: 'native', 'hf', or 'auto' (native when supported, else hf)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend == "native" or (backend == "auto" and native_supports(str(name_or_path))):
+        from specdecode.native.loading import load_native
+
+        return load_native(name_or_path)
+    return load_model(name_or_path)

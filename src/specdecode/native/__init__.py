@@ -1,0 +1,37 @@
+"""A lean native PyTorch engine for Llama-family models (Llama, Qwen2, Mistral) behind `LanguageModel`.
+
+    from specdecode.native import load_native
+    loaded = load_native()            # the default SmolLM2-135M GGUF, read with the gguf package
+    loaded.model.prefill(ids)         # a NativeLM: static KV cache, rollback = moving a length
+
+config.py   NativeConfig (from transformers configs or GGUF metadata)
+rope.py     RoPE frequencies (default, linear, dynamic, llama3, yarn) and cos/sin tables
+model.py    NativeTransformer and its preallocated KVCache
+engine.py   NativeLM, the LanguageModel adapter
+fast.py     oneDNN-prepacked linear layers, torch.compile
+loading.py  from a transformers model, a safetensors directory or a GGUF file (cached)
+bench.py    `python -m specdecode.native.bench`: speed against the HF adapter
+"""
+
+from specdecode.native.config import NativeConfig
+from specdecode.native.engine import NativeLM
+from specdecode.native.loading import (
+    NativeModelInfo,
+    load_native,
+    native_from_gguf,
+    native_from_hf_directory,
+    native_from_hf_model,
+)
+from specdecode.native.model import KVCache, NativeTransformer
+
+__all__ = [
+    "NativeConfig",
+    "NativeLM",
+    "NativeModelInfo",
+    "NativeTransformer",
+    "KVCache",
+    "load_native",
+    "native_from_gguf",
+    "native_from_hf_directory",
+    "native_from_hf_model",
+]

@@ -1,0 +1,112 @@
+"""Optional CPU speed-ups for `NativeTransformer`: oneDNN-prepacked linear layers and torch.compile.
+
+Decoding and verification feed 1..8 rows at a time, so every matmul streams its whole weight
+from memory. With plain weights, MKL makes 5 rows cost ~1.8x one row on our 2-core CPU; oneDNN
+with the weights reordered once into its blocked layout keeps 5 rows within ~1.1-1.3x of one,
+but is slower than MKL's gemv for a single row. DualLinear keeps both (see bench.py's numbers).
+Packed weights are opaque oneDNN tensors: CPU only, not in the state dict.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from specdecode.native.model import NativeTransformer
+
+__all__ = [
+    "PackedLinear",
+    "DualLinear",
+    "pack_linears",
+    "current_packing",
+    "packing_available",
+    "compiled_forward",
+]
+
+def packing_available() -> bool:
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+class PackedLinear(nn.Module):
+    """y = x W^T + b with W reordered once for oneDNN (CPU, float32 or bfloat16)."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        weight = linear.weight.detach()
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight)  # opaque oneDNN tensor [out, in]
+        self.bias = None if linear.bias is None else linear.bias.detach().clone()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [n, in] -> [n, out]
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+    def forward_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """residual + x W^T + b, the add fused into the matmul."""
+        return torch.ops.mkldnn._linear_pointwise.binary(x, residual, self.packed, self.bias, "add")
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class DualLinear(PackedLinear):
+    """A PackedLinear that also keeps a plain copy of the weight for single rows (2x the weight memory).
+
+    One row is a matrix-vector product, where MKL's gemv on a plain layout streams memory faster
+    than oneDNN's blocked one; a layer with more outputs than inputs keeps W^T [in, out], whose
+    rows stream better there. Several rows go through oneDNN as in PackedLinear.
+    """
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__(linear)
+        weight = linear.weight.detach()
+        self.transposed = weight.shape[0] > weight.shape[1]
+        self.plain = weight.t().contiguous() if self.transposed else weight.clone()  # [in, out] or [out, in]
+
+    def _matrix(self) -> torch.Tensor:  # [in, out] view for mm
+        return self.plain if self.transposed else self.plain.t()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] != 1:
+            return super().forward(x)
+        if self.bias is None:
+            return torch.mm(x, self._matrix())
+        return torch.addmm(self.bias, x, self._matrix())
+
+    def forward_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] != 1:
+            return super().forward_add(x, residual)
+        out = torch.addmm(residual, x, self._matrix())
+        return out if self.bias is None else out + self.bias
+
+
+def pack_linears(model: NativeTransformer, packing: str = "packed") -> NativeTransformer:
+    """Replace every nn.Linear of the model (head included) by a PackedLinear or DualLinear, in place."""
+    if packing not in ("packed", "dual"):
+        raise ValueError(f"packing must be 'packed' or 'dual', got {packing!r}")
+    cls = PackedLinear if packing == "packed" else DualLinear
+    if current_packing(model) != "none":
+        raise ValueError(f"the model is already packed as {current_packing(model)!r}")
+    if not packing_available():
+        raise RuntimeError("packed linear layers need PyTorch built with oneDNN (mkldnn)")
+    if model.device.type != "cpu":
+        raise ValueError(f"packed linear layers are CPU only; the model is on {model.device}")
+    for layer in model.layers:
+        for name in ("qkv", "o", "gate_up", "down"):
+            setattr(layer, name, cls(getattr(layer, name)))
+    model.lm_head = cls(model.lm_head)  # a packed copy when tied; the embedding keeps its own table
+    return model
+
+
+def current_packing(model: NativeTransformer) -> str:
+    """'none', 'packed' or 'dual': how the model's linear layers are stored now."""
+    if isinstance(model.lm_head, DualLinear):
+        return "dual"
+    return "packed" if isinstance(model.lm_head, PackedLinear) else "none"
+
+
+def compiled_forward(model: NativeTransformer, mode: str = "max-autotune-no-cudagraphs", freezing: bool = True):
+    """model.forward through torch.compile (inductor); freezing folds the weights in as constants."""
+    import torch._inductor.config as inductor_config
+
+    inductor_config.freezing = freezing
+    return torch.compile(model, mode=mode, dynamic=True)

@@ -1,0 +1,396 @@
+"""Weights for the native engine: from a loaded `transformers` model, a safetensors directory, or a GGUF file.
+
+Every source is first brought to Hugging Face tensor names (model.layers.N.self_attn.q_proj.weight,
+...), then `native_state_dict` fuses q/k/v and gate/up into the native layout. GGUF files are
+read with the `gguf` package directly (no transformers model is built); the dequantized
+weights are cached on disk as safetensors, so only the first load pays for the conversion.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoConfig, AutoTokenizer, GenerationConfig, PreTrainedModel
+
+from specdecode.models.loading import DEFAULT_TARGET, LoadedModel, cache_root, default_gguf_path
+from specdecode.native.config import NativeConfig
+from specdecode.native.engine import DEFAULT_MAX_CACHE_LEN, NativeLM
+from specdecode.native.model import NativeTransformer
+
+__all__ = [
+    "NativeModelInfo",
+    "load_native",
+    "native_from_hf_model",
+    "native_from_hf_directory",
+    "native_from_gguf",
+    "read_gguf",
+    "native_state_dict",
+    "unpermute_rope",
+]
+
+logger = logging.getLogger(__name__)
+
+_CACHE_VERSION = 1  # bump when the cached layout changes
+_CACHE_COMPLETE = "specdecode-native-complete.json"
+GGUF_ARCHITECTURES = ("llama", "qwen2")  # llama.cpp writes Mistral as 'llama' too
+
+_GGUF_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_GGUF_BLOCK_NAMES = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+@dataclass
+class NativeModelInfo:
+    """Stands in for `LoadedModel.hf_model`: its transformers config and generation_config (no weights, no generate)."""
+
+    config: object  # a transformers LlamaConfig / Qwen2Config / MistralConfig
+    native_config: NativeConfig
+    generation_config: GenerationConfig
+
+
+# --------------------------------------------------------------------------- HF names -> native layout
+
+
+def native_state_dict(hf_state: Mapping[str, torch.Tensor], config: NativeConfig) -> dict[str, torch.Tensor]:
+    """Rename and fuse a Llama/Qwen2-style state dict into `NativeTransformer` parameter names."""
+
+    used: set[str] = set()
+
+    def get(name: str) -> torch.Tensor:
+        used.add(name)
+        try:
+            return hf_state[name]
+        except KeyError:
+            raise ValueError(f"the checkpoint has no tensor {name!r} (expected for {config.architecture})") from None
+
+    out = {"embed.weight": get("model.embed_tokens.weight"), "norm.weight": get("model.norm.weight")}
+    if not config.tie_word_embeddings:
+        out["lm_head.weight"] = get("lm_head.weight")
+    for i in range(config.num_layers):
+        hf, nat = f"model.layers.{i}.", f"layers.{i}."
+        attn, mlp = hf + "self_attn.", hf + "mlp."
+        out[nat + "attn_norm.weight"] = get(hf + "input_layernorm.weight")
+        out[nat + "mlp_norm.weight"] = get(hf + "post_attention_layernorm.weight")
+        out[nat + "qkv.weight"] = torch.cat([get(f"{attn}{p}_proj.weight") for p in "qkv"])
+        out[nat + "o.weight"] = get(attn + "o_proj.weight")
+        out[nat + "gate_up.weight"] = torch.cat([get(mlp + "gate_proj.weight"), get(mlp + "up_proj.weight")])
+        out[nat + "down.weight"] = get(mlp + "down_proj.weight")
+        if config.attention_bias:
+            out[nat + "qkv.bias"] = torch.cat([get(f"{attn}{p}_proj.bias") for p in "qkv"])
+        if config.attention_out_bias:
+            out[nat + "o.bias"] = get(attn + "o_proj.bias")
+        if config.mlp_bias:
+            out[nat + "gate_up.bias"] = torch.cat([get(mlp + "gate_proj.bias"), get(mlp + "up_proj.bias")])
+            out[nat + "down.bias"] = get(mlp + "down_proj.bias")
+    ignorable = {"lm_head.weight"} if config.tie_word_embeddings else set()
+    unused = sorted(name for name in hf_state if name not in used and name not in ignorable and "rotary" not in name)
+    if unused:  # e.g. biases the config does not declare: refuse rather than silently run another model
+        raise ValueError(f"the checkpoint has tensors the {config.architecture} config does not use: {unused[:5]}")
+    return out
+
+
+def _build(config: NativeConfig, state: Mapping[str, torch.Tensor], dtype: torch.dtype) -> NativeTransformer:
+    """A NativeTransformer holding `state` (native names), cast to dtype."""
+    with torch.device("meta"):
+        model = NativeTransformer(config, dtype)
+    expected = {name: p.shape for name, p in model.named_parameters(remove_duplicate=True)}
+    unexpected = sorted(set(state) - set(expected))
+    if unexpected:
+        raise ValueError(f"unexpected tensors for {config.architecture}: {unexpected[:5]}")
+    for name, shape in expected.items():
+        if name not in state:
+            raise ValueError(f"the checkpoint has no tensor for {name!r}")
+        if tuple(state[name].shape) != tuple(shape):
+            raise ValueError(f"tensor {name!r} has shape {tuple(state[name].shape)}, expected {tuple(shape)}")
+    tensors = {name: state[name].to(dtype).contiguous() for name in expected}
+    model.load_state_dict(tensors, strict=False, assign=True)
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.embed.weight
+    model.rope_cos = torch.zeros(0, 1, config.head_dim, dtype=dtype)  # buffers off the meta device
+    model.rope_sin = torch.zeros(0, 1, config.head_dim, dtype=dtype)
+    return model.eval().requires_grad_(False)
+
+
+def native_from_hf_model(model: PreTrainedModel, dtype: torch.dtype | None = None) -> NativeTransformer:
+    """The native twin of a loaded Llama / Qwen2 / Mistral `transformers` model (weights copied)."""
+    config = NativeConfig.from_hf_config(model.config)
+    dtype = dtype or next(model.parameters()).dtype
+    state = {name: t.detach().cpu().clone() for name, t in model.state_dict().items()}  # never alias HF's
+    return _build(config, native_state_dict(state, config), dtype)
+
+
+def native_from_hf_directory(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> NativeTransformer:
+    """From a Hugging Face checkpoint directory: config.json and one or more *.safetensors files."""
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"model directory not found: {path}")
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{path} has no *.safetensors weights")
+    config = NativeConfig.from_hf_config(AutoConfig.from_pretrained(path, local_files_only=True))
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        state.update(load_file(file))
+    if config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    return _build(config, native_state_dict(state, config), dtype)
+
+
+# --------------------------------------------------------------------------- GGUF
+
+
+def unpermute_rope(weight: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's q/k permutation (interleaved pairs -> rotate-half halves), as transformers does.
+
+    llama.cpp: w.reshape(n_head, 2, rows // n_head // 2, *rest).swapaxes(1, 2); this is its inverse.
+    Works for weights [rows, in] and biases [rows].
+    """
+    half = weight.shape[0] // n_head // 2
+    return weight.reshape(n_head, half, 2, *weight.shape[1:]).swapaxes(2, 1).reshape(weight.shape)
+
+
+def _field(reader, key: str, default=None):
+    """A metadata value (scalar or string); arrays, e.g. per-layer head counts, are refused."""
+    field = reader.fields.get(key)
+    if field is None:
+        return default
+    value = field.contents()
+    if isinstance(value, list) and not key.startswith("tokenizer."):
+        raise ValueError(f"GGUF metadata {key} is an array; per-layer values are not supported")
+    return value
+
+
+def _gguf_config(reader, arch: str, vocab_size: int, tie: bool, biases: dict[str, bool]) -> NativeConfig:
+    def need(key: str):
+        value = _field(reader, f"{arch}.{key}")
+        if value is None:
+            raise ValueError(f"GGUF metadata lacks {arch}.{key}")
+        return value
+
+    hidden, heads = int(need("embedding_length")), int(need("attention.head_count"))
+    head_dim = int(_field(reader, f"{arch}.attention.key_length", 0) or hidden // heads)
+    rope_dim = _field(reader, f"{arch}.rope.dimension_count")
+    if rope_dim is not None and int(rope_dim) != head_dim:
+        raise ValueError(f"partial rotary embeddings (rope.dimension_count {rope_dim} != head_dim {head_dim}) "
+                         "are not supported")
+    rope_type = _field(reader, f"{arch}.rope.scaling.type", "none")
+    scaling: dict | None = None
+    if rope_type == "linear":
+        scaling = {"rope_type": "linear", "factor": float(need("rope.scaling.factor"))}
+    elif rope_type != "none":  # llama.cpp's yarn differs in details from transformers'; not verified here
+        raise ValueError(f"GGUF RoPE scaling {rope_type!r} is not supported (only linear)")
+    eos = _field(reader, "tokenizer.ggml.eos_token_id")
+    bos = _field(reader, "tokenizer.ggml.bos_token_id")
+    return NativeConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=int(need("feed_forward_length")),
+        num_layers=int(need("block_count")),
+        num_heads=heads,
+        num_kv_heads=int(_field(reader, f"{arch}.attention.head_count_kv", heads)),
+        head_dim=head_dim,
+        rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
+        rope_scaling=scaling,
+        rms_norm_eps=float(need("attention.layer_norm_rms_epsilon")),
+        tie_word_embeddings=tie,
+        **biases,
+        max_position_embeddings=int(need("context_length")),
+        bos_token_id=None if bos is None else int(bos),
+        eos_token_id=None if eos is None else int(eos),
+        architecture=arch,
+        extra={"name": str(_field(reader, "general.name", ""))},
+    )
+
+
+def _hf_name(gguf_name: str) -> str | None:
+    """token_embd.weight -> model.embed_tokens.weight, blk.3.attn_q.bias -> model.layers.3.self_attn.q_proj.bias."""
+    stem, _, kind = gguf_name.rpartition(".")
+    if stem in _GGUF_GLOBAL_NAMES:
+        return f"{_GGUF_GLOBAL_NAMES[stem]}.{kind}"
+    parts = stem.split(".")
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _GGUF_BLOCK_NAMES:
+        return f"model.layers.{parts[1]}.{_GGUF_BLOCK_NAMES[parts[2]]}.{kind}"
+    return None
+
+
+def read_gguf(path: str | os.PathLike) -> tuple[NativeConfig, dict[str, torch.Tensor]]:
+    """Parse a GGUF file: its config and its dequantized float32 tensors under Hugging Face names."""
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"GGUF file not found: {path}")
+    try:
+        reader = GGUFReader(path)
+        arch = _field(reader, "general.architecture")
+    except Exception as error:  # bad magic, truncated header, nonsense counts...
+        raise ValueError(f"{path} is not a valid GGUF file: {error}") from error
+    if arch is None:
+        raise ValueError(f"{path}: GGUF metadata lacks general.architecture")
+    if arch not in GGUF_ARCHITECTURES:
+        supported = ", ".join(GGUF_ARCHITECTURES)
+        raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported (native engine: {supported})")
+
+    tensors = {t.name: t for t in reader.tensors}
+    if "token_embd.weight" not in tensors:
+        raise ValueError(f"{path}: GGUF file has no token_embd.weight")
+    unknown = sorted(name for name in tensors if _hf_name(name) is None)
+    if unknown:  # e.g. rope_freqs.weight (Llama 3.1 frequency factors): refuse rather than run a different model
+        raise ValueError(f"{path}: unsupported GGUF tensors {unknown[:5]}")
+    vocab_size = int(tensors["token_embd.weight"].shape[-1])
+    biases = {
+        "attention_bias": "blk.0.attn_q.bias" in tensors,
+        "attention_out_bias": "blk.0.attn_output.bias" in tensors,
+        "mlp_bias": "blk.0.ffn_down.bias" in tensors,
+    }
+    config = _gguf_config(reader, arch, vocab_size, tie="output.weight" not in tensors, biases=biases)
+    state: dict[str, torch.Tensor] = {}
+    try:
+        for name, tensor in tensors.items():
+            weights = np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
+            weights = weights.reshape([int(d) for d in reversed(tensor.shape)])  # GGUF lists dims innermost first
+            if arch == "llama" and (".attn_q." in name or ".attn_k." in name):
+                weights = unpermute_rope(weights, config.num_heads if ".attn_q." in name else config.num_kv_heads)
+            state[_hf_name(name)] = torch.from_numpy(np.array(weights, dtype=np.float32))  # a writable copy
+    except (ValueError, IndexError, NotImplementedError) as error:
+        raise ValueError(f"{path}: cannot read GGUF tensor data ({error})") from error
+    return config, state
+
+
+def _gguf_cache_dir(path: Path, dtype: torch.dtype) -> Path:
+    stat = path.stat()
+    key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{dtype}|v{_CACHE_VERSION}"
+    return cache_root() / "native" / f"{path.stem}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+
+def _gguf_tokenizer(path: Path):
+    try:
+        return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    except Exception as error:  # a GGUF file without (usable) tokenizer metadata
+        logger.warning("no tokenizer in %s (%s): text prompts are unavailable", path.name, error)
+        return None
+
+
+def native_from_gguf(
+    path: str | os.PathLike, dtype: torch.dtype = torch.float32, *, with_tokenizer: bool = True
+) -> tuple[NativeTransformer, object | None]:
+    """The model (and tokenizer) of a GGUF file; the first call converts and caches, later ones read the cache."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"GGUF file not found: {path}")
+    cached = _gguf_cache_dir(path, dtype)
+    if (cached / _CACHE_COMPLETE).is_file():
+        config = NativeConfig.from_dict(json.loads((cached / "native_config.json").read_text()))
+        model = _build(config, load_file(cached / "model.safetensors"), dtype)
+        tokenizer = None
+        if with_tokenizer and (cached / "tokenizer_config.json").is_file():
+            tokenizer = AutoTokenizer.from_pretrained(cached)
+        return model, tokenizer
+
+    config, hf_state = read_gguf(path)
+    model = _build(config, native_state_dict(hf_state, config), dtype)
+    tokenizer = _gguf_tokenizer(path) if with_tokenizer else None
+    _save_cache(cached, model, tokenizer, source=path, dtype=dtype)
+    return model, tokenizer
+
+
+def _save_cache(cached: Path, model: NativeTransformer, tokenizer, source: Path, dtype: torch.dtype) -> None:
+    """Write the converted model atomically (staging directory, then rename); failures only cost speed."""
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=cached.parent, prefix=".staging-"))
+    except OSError as error:
+        logger.warning("cannot cache the converted model in %s: %s", cached, error)
+        return
+    try:
+        state = {name: t.contiguous() for name, t in model.state_dict().items() if not name.startswith("rope_")}
+        if model.config.tie_word_embeddings:
+            state.pop("lm_head.weight", None)
+        save_file(state, staging / "model.safetensors")
+        (staging / "native_config.json").write_text(json.dumps(model.config.to_dict()))
+        if tokenizer is not None:
+            tokenizer.save_pretrained(staging)
+        (staging / _CACHE_COMPLETE).write_text(json.dumps({"source": str(source), "dtype": str(dtype)}))
+        if cached.exists():  # an interrupted earlier conversion
+            shutil.rmtree(cached)
+        staging.rename(cached)
+    except OSError as error:
+        logger.warning("cannot cache the converted model in %s: %s", cached, error)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def _generation_config(config: NativeConfig, directory: Path | None = None) -> GenerationConfig:
+    if directory is not None and (directory / "generation_config.json").is_file():
+        return GenerationConfig.from_pretrained(directory)
+    return GenerationConfig(eos_token_id=config.eos_token_id, bos_token_id=config.bos_token_id)
+
+
+def _local_directory(source: str) -> Path:
+    path = Path(source)
+    if path.is_dir():
+        return path
+    try:  # a model id already in the local Hugging Face cache; never download
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(source, local_files_only=True))
+    except Exception as error:
+        raise FileNotFoundError(
+            f"model not found: {source} is neither a local model directory nor in the local Hugging Face cache "
+            f"(specdecode never downloads): {error}"
+        ) from error
+
+
+def load_native(
+    name_or_path: str | os.PathLike = DEFAULT_TARGET,
+    dtype: torch.dtype = torch.float32,
+    max_cache_len: int = DEFAULT_MAX_CACHE_LEN,
+    **engine_options,
+) -> LoadedModel:
+    """Like `specdecode.models.loading.load_model`, on the native engine.
+
+    Takes the default model's name, a `.gguf` file or a Hugging Face directory (or cached model id).
+    `hf_model` of the result is a `NativeModelInfo` (transformers config and generation_config, no weights).
+    engine_options go to `NativeLM` (packed=..., compile=...).
+    """
+    source = str(name_or_path)
+    if source == DEFAULT_TARGET or source.endswith(".gguf"):
+        path = default_gguf_path() if source == DEFAULT_TARGET else Path(source)
+        model, tokenizer = native_from_gguf(path, dtype)
+        info = NativeModelInfo(model.config.to_hf_config(), model.config, _generation_config(model.config))
+    else:
+        directory = _local_directory(source)
+        model = native_from_hf_directory(directory, dtype)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+        except (OSError, ValueError) as error:
+            logger.warning("no tokenizer for %s (%s): text prompts are unavailable", source, error)
+            tokenizer = None
+        hf_config = AutoConfig.from_pretrained(directory, local_files_only=True)
+        info = NativeModelInfo(hf_config, model.config, _generation_config(model.config, directory))
+    engine = NativeLM(model, name=source, max_cache_len=max_cache_len, **engine_options)
+    return LoadedModel(engine, tokenizer, info, source)
