@@ -13,11 +13,19 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["LanguageModel", "ContextLengthError"]
+__all__ = ["LanguageModel", "ContextLengthError", "as_token_ids"]
 
 
 class ContextLengthError(ValueError):
     """The sequence does not fit in the model's context window."""
+
+
+def as_token_ids(token_ids: torch.Tensor, name: str) -> torch.Tensor:
+    """token_ids as a 1-D int64 tensor; a clear error naming `name` otherwise."""
+    token_ids = torch.as_tensor(token_ids)
+    if token_ids.dim() != 1:
+        raise ValueError(f"{name} must be a 1-D tensor of token ids, got shape {tuple(token_ids.shape)}")
+    return token_ids.to(torch.long)
 
 
 @runtime_checkable

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
 
-from specdecode.models.base import ContextLengthError
+from specdecode.models.base import ContextLengthError, as_token_ids
 
 __all__ = ["HFCausalLM", "HFSeq2SeqLM", "wrap_hf_model"]
 
@@ -24,12 +24,6 @@ def _context_limit(config) -> int:
         if isinstance(value, int) and value > 0:
             return value
     return _UNBOUNDED_CONTEXT
-
-
-def _as_ids(token_ids: torch.Tensor, name: str) -> torch.Tensor:
-    if token_ids.dim() != 1:
-        raise ValueError(f"{name} must be a 1-D tensor of token ids, got shape {tuple(token_ids.shape)}")
-    return token_ids.to(torch.long)
 
 
 class _HFAdapter:
@@ -57,7 +51,7 @@ class _HFAdapter:
 
     @torch.inference_mode()
     def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor:
-        prompt_ids = _as_ids(prompt_ids, "prompt_ids")
+        prompt_ids = as_token_ids(prompt_ids, "prompt_ids")
         if prompt_ids.numel() == 0:
             raise ValueError("prompt_ids must hold at least one token")
         if prompt_ids.numel() > self._prompt_limit():
@@ -71,7 +65,7 @@ class _HFAdapter:
 
     @torch.inference_mode()
     def extend(self, token_ids: torch.Tensor) -> torch.Tensor:
-        token_ids = _as_ids(token_ids, "token_ids")
+        token_ids = as_token_ids(token_ids, "token_ids")
         if self._cache is None:
             raise RuntimeError("call prefill() before extend()")
         if token_ids.numel() > self.room():

@@ -4,19 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from specdecode.models.base import ContextLengthError
+from specdecode.models.base import ContextLengthError, as_token_ids
 from specdecode.native.model import KVCache, NativeTransformer
 
 __all__ = ["NativeLM", "DEFAULT_MAX_CACHE_LEN"]
 
 DEFAULT_MAX_CACHE_LEN = 4096  # the cache is preallocated: 2 * layers * KV * D * max_len values
-
-
-def _as_ids(token_ids: torch.Tensor, name: str) -> torch.Tensor:
-    token_ids = torch.as_tensor(token_ids)
-    if token_ids.dim() != 1:
-        raise ValueError(f"{name} must be a 1-D tensor of token ids, got shape {tuple(token_ids.shape)}")
-    return token_ids.to(torch.long)
 
 
 def _apply_packing(model: NativeTransformer, packing: str) -> str:
@@ -98,7 +91,7 @@ class NativeLM:
 
     @torch.inference_mode()
     def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor:
-        prompt_ids = _as_ids(prompt_ids, "prompt_ids")
+        prompt_ids = as_token_ids(prompt_ids, "prompt_ids")
         if prompt_ids.numel() == 0:
             raise ValueError("prompt_ids must hold at least one token")
         if prompt_ids.numel() >= self.max_length:
@@ -112,7 +105,7 @@ class NativeLM:
 
     @torch.inference_mode()
     def extend(self, token_ids: torch.Tensor) -> torch.Tensor:
-        token_ids = _as_ids(token_ids, "token_ids")
+        token_ids = as_token_ids(token_ids, "token_ids")
         if not self._started:
             raise RuntimeError("call prefill() before extend()")
         if token_ids.numel() == 0:
