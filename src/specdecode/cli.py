@@ -9,7 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from specdecode.backends import BACKENDS
+from specdecode.bench import cli as bench_cli
 from specdecode.core.sampling import SamplingParams
+from specdecode.distill import cli as distill_cli
 from specdecode.decoding import GenerationResult
 from specdecode.models.loading import DEFAULT_TARGET
 from specdecode.pipeline import DEFAULT_DRAFT, Pipeline, incremental_text
@@ -36,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--compare", action="store_true", help="also run the target alone; report speedup and whether greedy outputs match")
     gen.add_argument("--json", action="store_true", help="print one JSON object per prompt instead of streaming text")
 
+    distill_cli.add_parser(commands)
+
     serve = commands.add_parser("serve", help="serve an OpenAI-compatible HTTP API (completions, chat, streaming, metrics)")
     add_model_options(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
@@ -46,13 +50,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-queue", type=int, default=64, help="requests that may wait while one runs; more get 429 (default 64)")
     serve.add_argument("--shutdown-grace", type=float, default=30.0, help="seconds a running generation may finish at shutdown (default 30)")
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    bench_cli.add_parsers(commands)
     return parser
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     """The model options a subcommand shares: --target, --draft, --gamma."""
     parser.add_argument("--target", default=DEFAULT_TARGET, help=f"target model: {DEFAULT_TARGET} (default), a .gguf file or an HF directory/id")
-    parser.add_argument("--draft", default=DEFAULT_DRAFT, help="draft: 'ngram' (prompt lookup, default), 'none' (target alone), or a model path/id")
+    parser.add_argument("--draft", default=DEFAULT_DRAFT, help="draft: 'auto' (default: the bundled distilled draft + prompt lookup for the default target, else 'ngram'), 'ngram' (prompt lookup), 'bundled', 'bundled+ngram', 'none' (target alone), or a model path/id (add '+ngram' to prefer prompt lookup on repeats)")
     parser.add_argument("--gamma", type=int, default=4, help="draft tokens per target call (default 4)")
     parser.add_argument("--backend", choices=BACKENDS, default="auto", help="engine: native (fast PyTorch Llama/Qwen2), hf (transformers), auto (default: native where supported)")
 
@@ -62,6 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "serve":
         return _serve(parser, args)
+    if args.command in bench_cli.COMMANDS:
+        return bench_cli.run(parser, args, argv)
+    if args.command == "distill":
+        return distill_cli.run(args, parser)
     try:
         prompts = _prompts(args)
         sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)

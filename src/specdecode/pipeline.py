@@ -9,14 +9,15 @@ import torch
 
 from specdecode.core.sampling import SamplingParams
 from specdecode.decoding import GenerationResult, TokenStream, stream
-from specdecode.drafters import Drafter, ModelDrafter, PromptLookupDrafter
+from specdecode.drafters import Drafter, LookupThenModelDrafter, ModelDrafter, PromptLookupDrafter
+from specdecode.drafters.distilled import bundled_draft_dir, is_distilled_draft, load_distilled
 from specdecode.models.compat import check_vocabularies
 from specdecode import backends
 from specdecode.models.loading import DEFAULT_TARGET, LoadedModel
 
 __all__ = ["Pipeline", "StopStrings", "DEFAULT_DRAFT", "make_drafter"]
 
-DEFAULT_DRAFT = "ngram"  # until a trained draft for the default target exists
+DEFAULT_DRAFT = "auto"  # the bundled distilled draft with prompt lookup where the target has one, else prompt lookup
 
 
 class StopStrings:
@@ -48,14 +49,33 @@ class StopStrings:
 
 
 def make_drafter(spec: str | None, target: LoadedModel, backend: str = "auto") -> Drafter | None:
-    """A drafter from its CLI name: 'ngram' (prompt lookup), 'none' (target alone), or a model path/id."""
+    """A drafter from its CLI name.
+
+    'auto' (default): 'bundled+ngram' when the target has a bundled draft, else 'ngram';
+    'ngram': prompt lookup; 'none': the target alone; 'bundled': the distilled draft shipped for the target;
+    a path or id: a draft model (a `specdecode distill` output directory, a GGUF file or an HF model);
+    'X+ngram': draft X, but prompt lookup wherever the context repeats (a match of >= 3 tokens).
+    """
     if spec is None or spec == "none":
         return None
+    if spec == "auto":
+        spec = "bundled+ngram" if bundled_draft_dir(target.source) is not None else "ngram"
     if spec == "ngram":
         return PromptLookupDrafter()
-    draft = backends.load(spec, backend)
+    with_lookup = spec.endswith("+ngram")
+    model_spec = spec.removesuffix("+ngram")
+    if model_spec == "bundled":
+        path = bundled_draft_dir(target.source)
+        if path is None:
+            raise ValueError(f"draft: no bundled draft for target {target.source!r}; use 'ngram' or a model path")
+        model_spec = str(path)
+    if is_distilled_draft(model_spec):
+        draft = load_distilled(model_spec)  # always the native engine
+    else:
+        draft = backends.load(model_spec, backend)
     check_vocabularies(target.tokenizer, draft.tokenizer, target.model.vocab_size, draft.model.vocab_size)
-    return ModelDrafter(draft.model)
+    drafter = ModelDrafter(draft.model)
+    return LookupThenModelDrafter(drafter) if with_lookup else drafter
 
 
 @dataclass

@@ -1,8 +1,17 @@
 """Drafters: swappable sources of draft tokens."""
 
 from specdecode.drafters.base import Draft, Drafter
+from specdecode.drafters.composite import LookupThenModelDrafter
 from specdecode.drafters.model import ModelDrafter
 from specdecode.drafters.prompt_lookup import PromptLookupDrafter
 from specdecode.drafters.statistical import BigramDrafter, UnigramDrafter
 
-__all__ = ["Draft", "Drafter", "ModelDrafter", "PromptLookupDrafter", "UnigramDrafter", "BigramDrafter"]
+__all__ = [
+    "Draft",
+    "Drafter",
+    "ModelDrafter",
+    "PromptLookupDrafter",
+    "LookupThenModelDrafter",
+    "UnigramDrafter",
+    "BigramDrafter",
+]

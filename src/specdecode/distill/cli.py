@@ -1,0 +1,84 @@
+"""`specdecode distill`: the command-line face of `specdecode.distill.recipe.distill`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+from specdecode.distill.data import DataConfig
+from specdecode.distill.recipe import DraftArchitecture, distill
+from specdecode.distill.train import TrainConfig
+from specdecode.models.loading import DEFAULT_TARGET
+
+__all__ = ["add_parser", "run"]
+
+_DEFAULTS = {**{f.name: f.default for f in fields(DataConfig)}, **{f.name: f.default for f in fields(DraftArchitecture)},
+             **{f.name: f.default for f in fields(TrainConfig)}}
+
+
+def add_parser(commands) -> argparse.ArgumentParser:
+    parser = commands.add_parser(
+        "distill",
+        help="train a small draft model for a target by distillation (resumable; see docs/distill.md)",
+        description="Build the target's data (responses to built-in prompts, natural text), train a draft to match "
+        "its distributions, and save it to OUT/draft with a model card. Rerun the same command to resume.",
+    )
+    parser.add_argument("--target", default=DEFAULT_TARGET, help=f"target model (default {DEFAULT_TARGET})")
+    parser.add_argument("--out", type=Path, required=True, help="work directory: data, checkpoints, and the draft in OUT/draft")
+    data = parser.add_argument_group("data")
+    data.add_argument("--prompts-per-category", type=int, default=_DEFAULTS["prompts_per_category"])
+    data.add_argument("--prompt-file", help="JSONL prompts ('prompt' or 'turns', optional 'category') instead of the built-in ones")
+    data.add_argument("--max-new-tokens", type=int, default=_DEFAULTS["max_new_tokens"], help="length of the target's responses")
+    data.add_argument("--sample-fraction", type=float, default=_DEFAULTS["sample_fraction"], help="share of responses sampled at T=1 (rest greedy)")
+    data.add_argument("--text-documents", type=int, default=_DEFAULTS["text_documents"], help="natural-text documents (XSum)")
+    data.add_argument("--text-file", help="extra natural text: .jsonl with 'text', or paragraphs separated by blank lines")
+    data.add_argument("--top-k", type=int, default=_DEFAULTS["top_k"], help="target log-probabilities kept per position")
+    data.add_argument("--data-batch-size", type=int, default=_DEFAULTS["batch_size"], help="prompts per batched generate call")
+    arch = parser.add_argument_group("draft architecture")
+    arch.add_argument("--layers", type=int, default=_DEFAULTS["layers"])
+    arch.add_argument("--hidden", type=int, default=_DEFAULTS["hidden"])
+    arch.add_argument("--heads", type=int, default=_DEFAULTS["heads"])
+    arch.add_argument("--kv-heads", type=int, default=_DEFAULTS["kv_heads"])
+    arch.add_argument("--intermediate", type=int, default=_DEFAULTS["intermediate"])
+    arch.add_argument("--output-vocab", type=int, default=_DEFAULTS["output_vocab"],
+                      help="head over the N most likely target tokens (q = 0 elsewhere); 0 = whole vocabulary")
+    arch.add_argument("--init-from-target", action=argparse.BooleanOptionalAction, default=_DEFAULTS["init_from_target"],
+                      help="initialise embeddings from a PCA of the target's (default on)")
+    train = parser.add_argument_group("training")
+    train.add_argument("--epochs", type=int, default=_DEFAULTS["epochs"])
+    train.add_argument("--batch-tokens", type=int, default=_DEFAULTS["batch_tokens"])
+    train.add_argument("--lr", type=float, default=_DEFAULTS["lr"])
+    train.add_argument("--checkpoint-every", type=int, default=_DEFAULTS["checkpoint_every"], help="steps between checkpoints")
+    train.add_argument("--held-out", type=float, default=0.08, help="share of sequences held out for the alpha report")
+    parser.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    try:
+        data = DataConfig(
+            prompts_per_category=args.prompts_per_category, prompt_file=args.prompt_file, max_new_tokens=args.max_new_tokens,
+            sample_fraction=args.sample_fraction, text_documents=args.text_documents, text_file=args.text_file,
+            top_k=args.top_k, batch_size=args.data_batch_size, seed=args.seed,
+        )
+        architecture = DraftArchitecture(
+            layers=args.layers, hidden=args.hidden, heads=args.heads, kv_heads=args.kv_heads,
+            intermediate=args.intermediate, output_vocab=args.output_vocab, init_from_target=args.init_from_target,
+        )
+        training = TrainConfig(epochs=args.epochs, batch_tokens=args.batch_tokens, lr=args.lr,
+                               checkpoint_every=args.checkpoint_every, seed=args.seed)
+    except ValueError as error:
+        parser.error(str(error))  # exits with status 2
+    try:
+        command = "specdecode " + shlex.join(sys.argv[1:]) if sys.argv[1:2] == ["distill"] else None
+        report = distill(args.target, args.out, data, architecture, training, held_out=args.held_out, command=command)
+    except (ValueError, FileNotFoundError) as error:
+        print(f"specdecode: error: {error}", file=sys.stderr)
+        return 2
+    print(json.dumps(report["held_out"]["all"]))
+    print(f"draft saved to {args.out / 'draft'}; use it with: specdecode generate --draft {args.out / 'draft'} ...")
+    return 0

@@ -1,0 +1,72 @@
+"""Build the distillation data set in a work directory: prompts -> target responses -> target distributions.
+
+The parameters are recorded in workdir/data.json; a later run with the same parameters resumes
+where the last one stopped, and one with other parameters is refused (its shards would not match).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from specdecode.distill.sources import builtin_prompts, builtin_texts, read_prompt_file, read_text_file
+from specdecode.distill.teacher import cache_text, generate_responses
+
+__all__ = ["DataConfig", "build_data"]
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """What the target is asked and how much of it is kept."""
+
+    prompts_per_category: int = 24
+    prompt_file: str | None = None  # .jsonl prompts instead of the built-in ones
+    max_new_tokens: int = 128
+    max_prompt_tokens: int = 256
+    sample_fraction: float = 0.5  # share of response batches sampled at temperature 1 (the rest greedy)
+    text_documents: int = 48  # natural-text documents (XSum articles), teacher-forced
+    text_file: str | None = None  # extra user text (.jsonl with "text", or blank-line separated)
+    max_text_tokens: int = 384
+    top_k: int = 32  # target log-probabilities kept per position
+    batch_size: int = 24
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("prompts_per_category", "max_new_tokens", "max_prompt_tokens", "max_text_tokens", "top_k", "batch_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.text_documents < 0:
+            raise ValueError(f"text_documents must be >= 0, got {self.text_documents}")
+        if not 0.0 <= self.sample_fraction <= 1.0:
+            raise ValueError(f"sample_fraction must be in [0, 1], got {self.sample_fraction}")
+
+
+def build_data(hf_model, tokenizer, workdir: Path, config: DataConfig, target_source: str) -> None:
+    """Fill workdir with response and text shards for `config` (resumable)."""
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    manifest = workdir / "data.json"
+    wanted = {"target": target_source, **asdict(config)}
+    if manifest.is_file():
+        recorded = json.loads(manifest.read_text())
+        if recorded != wanted:
+            changed = sorted(k for k in set(recorded) | set(wanted) if recorded.get(k) != wanted.get(k))
+            raise ValueError(f"{workdir} holds data built with other settings ({', '.join(changed)}); use another --out")
+    else:
+        manifest.write_text(json.dumps(wanted, indent=2) + "\n")
+    if config.prompt_file:
+        prompts = read_prompt_file(Path(config.prompt_file))
+    else:
+        prompts = builtin_prompts(config.prompts_per_category, config.seed)
+    generate_responses(
+        hf_model, tokenizer, prompts, workdir,
+        max_new_tokens=config.max_new_tokens, batch_size=config.batch_size, top_k=config.top_k,
+        sample_fraction=config.sample_fraction, seed=config.seed, max_prompt_tokens=config.max_prompt_tokens,
+    )
+    texts = builtin_texts(config.text_documents, config.seed) if config.text_documents else []
+    if config.text_file:
+        texts += read_text_file(Path(config.text_file))
+    if texts:
+        cache_text(hf_model, tokenizer, texts, workdir, top_k=config.top_k, max_tokens=config.max_text_tokens)

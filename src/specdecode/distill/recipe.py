@@ -1,0 +1,198 @@
+"""`specdecode distill`: target -> data -> draft, end to end, resumable, reproducible from a seed.
+
+    work directory (--out)
+      data.json, responses-*.safetensors, text-*.safetensors   the target's data (specdecode.distill.data)
+      init.pt            the draft's initial weights and output vocabulary
+      checkpoint.pt      training state, every --checkpoint-every steps
+      draft/             the finished draft (load it with --draft PATH), with its model card
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from specdecode.distill.data import DataConfig, build_data
+from specdecode.distill.teacher import TeacherData, load_teacher
+from specdecode.distill.card import model_card
+from specdecode.distill.train import TrainConfig, evaluate, train
+from specdecode.drafters.distilled import build_draft_transformer, save_draft
+from specdecode.native.config import NativeConfig
+from specdecode.native.model import NativeTransformer
+
+__all__ = ["DraftArchitecture", "distill", "choose_output_ids", "split_held_out", "init_draft"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DraftArchitecture:
+    """The draft's shape. output_vocab=0 keeps the target's whole vocabulary in the head."""
+
+    layers: int = 4
+    hidden: int = 256
+    heads: int = 4
+    kv_heads: int = 4
+    intermediate: int = 768
+    output_vocab: int = 8192
+    init_from_target: bool = True  # embeddings and head from a PCA of the target's token embeddings
+
+    def __post_init__(self) -> None:
+        for name in ("layers", "hidden", "heads", "kv_heads", "intermediate"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.hidden % self.heads or (self.hidden // self.heads) % 2:
+            raise ValueError(f"hidden ({self.hidden}) must split into heads ({self.heads}) of even size")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
+        if self.output_vocab < 0:
+            raise ValueError(f"output_vocab must be >= 0 (0 = the whole vocabulary), got {self.output_vocab}")
+
+    def native_config(self, target_config) -> NativeConfig:
+        """The draft's NativeConfig: this shape, with the target's vocabulary, RoPE base, context and special tokens."""
+        rope = dict(getattr(target_config, "rope_parameters", None) or {})
+        return NativeConfig(
+            vocab_size=target_config.vocab_size,
+            hidden_size=self.hidden,
+            intermediate_size=self.intermediate,
+            num_layers=self.layers,
+            num_heads=self.heads,
+            num_kv_heads=self.kv_heads,
+            head_dim=self.hidden // self.heads,
+            rope_theta=float(rope.get("rope_theta") or getattr(target_config, "rope_theta", None) or 10000.0),
+            rms_norm_eps=1e-5,
+            tie_word_embeddings=False,
+            max_position_embeddings=getattr(target_config, "max_position_embeddings", None) or 4096,
+            bos_token_id=getattr(target_config, "bos_token_id", None),
+            eos_token_id=getattr(target_config, "eos_token_id", None),
+            architecture="llama",
+        )
+
+
+def split_held_out(data: TeacherData, fraction: float, seed: int) -> tuple[TeacherData, TeacherData]:
+    """(train, held-out) by whole sequences, the same share of each category held out."""
+    rng = random.Random(seed)
+    held: list[int] = []
+    for category in sorted(set(data.categories)):
+        members = [i for i, c in enumerate(data.categories) if c == category]
+        held += rng.sample(members, round(fraction * len(members)))
+    held_set = set(held)
+    return data.subset([i for i in range(len(data)) if i not in held_set]), data.subset(sorted(held))
+
+
+def choose_output_ids(data: TeacherData, size: int, vocab_size: int, always: list[int]) -> torch.Tensor:
+    """The `size` token ids with the most target probability mass in data (plus `always`, e.g. EOS), sorted."""
+    if size == 0 or size >= vocab_size:
+        return torch.arange(vocab_size)
+    mass = torch.zeros(vocab_size, dtype=torch.float64)
+    for ids, logp in zip(data.topk_ids, data.topk_logp):
+        mass.index_add_(0, ids.reshape(-1), logp.exp().reshape(-1).double())
+    mass[torch.tensor(always, dtype=torch.long)] = float("inf")
+    return mass.topk(size).indices.sort().values
+
+
+def init_draft(architecture: DraftArchitecture, target_config, target_embedding: torch.Tensor | None,
+               output_ids: torch.Tensor, seed: int) -> NativeTransformer:
+    """A fresh draft; with init_from_target its embeddings (and head rows) are the target's projected by PCA."""
+    torch.manual_seed(seed)
+    model = build_draft_transformer(architecture.native_config(target_config), output_ids.numel())
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                torch.nn.init.normal_(p, std=0.02)
+        if architecture.init_from_target:
+            if target_embedding is None:
+                raise ValueError("init_from_target needs the target's token embeddings")
+            centred = target_embedding.float() - target_embedding.float().mean(dim=0)
+            _, _, vh = torch.linalg.svd(centred, full_matrices=False)  # principal directions [hidden_t, hidden_t]
+            projected = centred @ vh[: architecture.hidden].T  # [V, hidden]
+            projected = projected / projected.std() * 0.02 * 10  # a unit-ish scale the RMSNorms accept
+            model.embed.weight.copy_(projected)
+            model.lm_head.weight.copy_(projected[output_ids] / 10)
+    return model
+
+
+def _target_embedding(hf_model) -> torch.Tensor | None:
+    try:
+        return hf_model.get_input_embeddings().weight.detach()
+    except AttributeError:
+        return None
+
+
+def distill(
+    target: str,
+    out: Path,
+    data_config: DataConfig = DataConfig(),
+    architecture: DraftArchitecture = DraftArchitecture(),
+    train_config: TrainConfig = TrainConfig(),
+    held_out: float = 0.08,
+    command: str | None = None,
+) -> dict:
+    """Build the data, train the draft, evaluate it on held-out sequences, save it to out/draft. Returns the report."""
+    from specdecode.models.loading import load_model
+
+    if not 0 < held_out < 1:
+        raise ValueError(f"held_out must be in (0, 1), got {held_out}")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    loaded = load_model(target)  # transformers: batched generate for the data
+    if loaded.tokenizer is None:
+        raise ValueError(f"target: {target} has no tokenizer; distillation needs text prompts")
+    if loaded.hf_model.config.is_encoder_decoder:
+        raise ValueError(f"target: {target} is an encoder-decoder model; distill supports decoder-only targets")
+    tokenizer, hf_config, vocab_size = loaded.tokenizer, loaded.hf_model.config, loaded.model.vocab_size
+    build_data(loaded.hf_model, tokenizer, out, data_config, loaded.source)
+    data_seconds = time.perf_counter() - started
+
+    data = load_teacher(out)
+    train_data, eval_data = split_held_out(data, held_out, data_config.seed)
+    eos = _as_list(loaded.hf_model.generation_config.eos_token_id) + _as_list(tokenizer.eos_token_id)
+    init_path = out / "init.pt"
+    if init_path.is_file():  # resuming: the same start, whatever the RNG did since
+        init = torch.load(init_path, weights_only=True)
+        output_ids = init["output_ids"]
+        model = build_draft_transformer(architecture.native_config(hf_config), output_ids.numel())
+        model.load_state_dict(init["model"])
+    else:
+        output_ids = choose_output_ids(train_data, architecture.output_vocab, vocab_size, [int(e) for e in eos])
+        embedding = loaded.hf_model.get_input_embeddings().weight.detach()
+        model = init_draft(architecture, hf_config, embedding, output_ids, train_config.seed)
+        torch.save({"model": model.state_dict(), "output_ids": output_ids}, init_path)
+    del loaded  # the target is not needed any more
+
+    output_index = torch.full((vocab_size,), -1, dtype=torch.long)
+    output_index[output_ids] = torch.arange(output_ids.numel())
+    train_started = time.perf_counter()
+    train(model, train_data, output_index, train_config, out)
+    report = {
+        "target": target,
+        "command": command or f"specdecode distill --target {target} --out DIR",
+        "held_out": evaluate(model, eval_data, output_index, train_config.batch_tokens),
+        "train_sequences": len(train_data),
+        "train_positions": train_data.num_positions(),
+        "held_out_sequences": len(eval_data),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "data_seconds": round(data_seconds, 1),
+        "train_seconds": round(time.perf_counter() - train_started, 1),
+        "data": asdict(data_config),
+        "architecture": asdict(architecture),
+        "training": asdict(train_config),
+    }
+    save_draft(out / "draft", model, output_ids, target, tokenizer, report)
+    (out / "draft" / "README.md").write_text(model_card(report))
+    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def _as_list(value) -> list:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]

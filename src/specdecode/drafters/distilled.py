@@ -1,0 +1,176 @@
+"""Distilled draft models: small native transformers trained by `specdecode distill`, and the bundled one.
+
+A draft directory holds
+    draft_config.json   format tag, the NativeConfig, output vocabulary size, target, training report
+    model.safetensors   weights (stored in bfloat16 to keep the package small; run in float32)
+                        and `output_ids` [K]: the target token ids the head predicts
+    tokenizer files     the target's tokenizer (so the pair is checked like any other draft)
+    README.md           the model card
+With a reduced output vocabulary (K < V) the head scores only the K most frequent target tokens;
+`ReducedVocabLM` widens its logits to the target's V with -inf elsewhere, so q is exactly zero
+there and verification stays exact.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from specdecode.models.base import LanguageModel
+from specdecode.models.loading import DEFAULT_TARGET, LoadedModel
+from specdecode.native.config import NativeConfig
+from specdecode.native.engine import NativeLM
+from specdecode.native.model import NativeTransformer
+
+__all__ = [
+    "FORMAT",
+    "ReducedVocabLM",
+    "build_draft_transformer",
+    "save_draft",
+    "load_draft_transformer",
+    "load_distilled",
+    "is_distilled_draft",
+    "bundled_draft_dir",
+]
+
+FORMAT = "specdecode-distilled-draft"
+CONFIG_FILE = "draft_config.json"
+WEIGHTS_FILE = "model.safetensors"
+_BUNDLED = {DEFAULT_TARGET: "smollm2_135m_instruct"}  # target -> folder in specdecode/drafts/
+
+
+def build_draft_transformer(config: NativeConfig, output_vocab_size: int) -> NativeTransformer:
+    """A NativeTransformer whose head scores output_vocab_size tokens (untied from the embedding)."""
+    if config.tie_word_embeddings:
+        raise ValueError("a distilled draft has its own head: tie_word_embeddings must be False")
+    if not 1 <= output_vocab_size <= config.vocab_size:
+        raise ValueError(f"output_vocab_size must be in [1, {config.vocab_size}], got {output_vocab_size}")
+    model = NativeTransformer(config)
+    if output_vocab_size != config.vocab_size:
+        model.lm_head = nn.Linear(config.hidden_size, output_vocab_size, bias=False)
+    return model
+
+
+def save_draft(
+    directory: Path, model: NativeTransformer, output_ids: torch.Tensor, target: str, tokenizer, report: Mapping
+) -> None:
+    """Write a draft directory (config, bfloat16 weights with output_ids, tokenizer); the model card is separate."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items() if not k.startswith("rope_")}
+    state["output_ids"] = output_ids.to(torch.int32).contiguous()
+    save_file(state, directory / WEIGHTS_FILE)
+    config = {
+        "format": FORMAT,
+        "version": 1,
+        "target": target,
+        "output_vocab_size": int(output_ids.numel()),
+        "native_config": model.config.to_dict(),
+        "report": dict(report),
+    }
+    (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    if tokenizer is not None:
+        tokenizer.save_pretrained(directory)
+
+
+def is_distilled_draft(path: str | Path) -> bool:
+    return (Path(path) / CONFIG_FILE).is_file()
+
+
+def _read_config(directory: Path) -> dict:
+    config_path = directory / CONFIG_FILE
+    if not config_path.is_file():
+        raise FileNotFoundError(f"not a distilled draft: {config_path} is missing")
+    config = json.loads(config_path.read_text())
+    if config.get("format") != FORMAT:
+        raise ValueError(f"{config_path} is not a {FORMAT} file (format={config.get('format')!r})")
+    return config
+
+
+def load_draft_transformer(directory: str | Path, dtype: torch.dtype = torch.float32) -> tuple[NativeTransformer, torch.Tensor, dict]:
+    """The draft's NativeTransformer, its output_ids [K] and its draft_config.json contents."""
+    directory = Path(directory)
+    config = _read_config(directory)
+    if not (directory / WEIGHTS_FILE).is_file():
+        raise FileNotFoundError(f"distilled draft {directory} has no {WEIGHTS_FILE}")
+    state = load_file(directory / WEIGHTS_FILE)
+    output_ids = state.pop("output_ids").long()
+    native = NativeConfig.from_dict(config["native_config"])
+    model = build_draft_transformer(native, output_ids.numel())
+    model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=False)
+    missing = {k for k, _ in model.named_parameters()} - set(state)
+    if missing:
+        raise ValueError(f"distilled draft {directory} lacks tensors {sorted(missing)[:5]}")
+    return model.to(dtype).eval().requires_grad_(False), output_ids, config
+
+
+class ReducedVocabLM:
+    """A `LanguageModel` over the full vocabulary V from a model whose head scores only output_ids [K].
+
+    Logits of every other token are -inf, so the draft's q is exactly 0 there.
+    """
+
+    def __init__(self, inner: LanguageModel, output_ids: torch.Tensor, vocab_size: int) -> None:
+        if output_ids.dim() != 1 or output_ids.numel() == 0:
+            raise ValueError("output_ids must be a non-empty 1-D tensor of token ids")
+        if int(output_ids.min()) < 0 or int(output_ids.max()) >= vocab_size:
+            raise ValueError(f"output_ids must lie in [0, {vocab_size})")
+        self.inner = inner
+        self.output_ids = output_ids.long()
+        self.name = inner.name
+        self.vocab_size = vocab_size
+        self.max_length = inner.max_length
+
+    def _widen(self, logits: torch.Tensor) -> torch.Tensor:  # [..., K] -> [..., V]
+        full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
+        full[..., self.output_ids] = logits
+        return full
+
+    def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor:
+        return self._widen(self.inner.prefill(prompt_ids))
+
+    def extend(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return self._widen(self.inner.extend(token_ids))
+
+    @property
+    def num_generated(self) -> int:
+        return self.inner.num_generated
+
+    def rollback(self, num_generated: int) -> None:
+        self.inner.rollback(num_generated)
+
+    def room(self) -> int:
+        return self.inner.room()
+
+
+def load_distilled(directory: str | Path, max_cache_len: int = 4096, **engine_options) -> LoadedModel:
+    """A distilled draft on the native engine, as a LoadedModel (hf_model holds its configs only)."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    from specdecode.native.loading import NativeModelInfo
+
+    directory = Path(directory)
+    model, output_ids, config = load_draft_transformer(directory)
+    name = f"distilled:{directory.name}"
+    engine: LanguageModel = NativeLM(model, name=name, max_cache_len=max_cache_len, **engine_options)
+    if output_ids.numel() != model.config.vocab_size:
+        engine = ReducedVocabLM(engine, output_ids, model.config.vocab_size)
+    tokenizer = AutoTokenizer.from_pretrained(directory) if (directory / "tokenizer_config.json").is_file() else None
+    native = model.config
+    info = NativeModelInfo(native.to_hf_config(), native, GenerationConfig(eos_token_id=native.eos_token_id))
+    return LoadedModel(engine, tokenizer, info, str(directory))
+
+
+def bundled_draft_dir(target: str) -> Path | None:
+    """The draft shipped in the package for `target`, or None."""
+    folder = _BUNDLED.get(target)
+    if folder is None:
+        return None
+    path = Path(str(resources.files("specdecode") / "drafts" / folder))
+    return path if is_distilled_draft(path) else None

@@ -1,0 +1,248 @@
+"""`specdecode distill` on tiny random targets, the distilled-draft format, and the lookup-then-model drafter."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+from tiny_hf import EOS_ID, WORDS, save_tiny_checkpoint, tiny_llama, tiny_tokenizer
+
+from specdecode.cli import main
+from specdecode.core.sampling import SamplingParams
+from specdecode.decoding import generate
+from specdecode.distill import DataConfig, DraftArchitecture, TrainConfig, distill
+from specdecode.distill.sources import read_prompt_file, read_text_file
+from specdecode.distill.teacher import load_teacher
+from specdecode.distill.train import draft_logits, make_batches
+from specdecode.drafters import LookupThenModelDrafter, ModelDrafter
+from specdecode.drafters.distilled import (
+    ReducedVocabLM,
+    build_draft_transformer,
+    load_distilled,
+    load_draft_transformer,
+    save_draft,
+)
+from specdecode.native.engine import NativeLM
+from specdecode.pipeline import make_drafter
+
+ARCH = DraftArchitecture(layers=1, hidden=32, heads=2, kv_heads=1, intermediate=64, output_vocab=40)
+
+
+def _prompt_file(path, count=24, seed=0):
+    rng = random.Random(seed)
+    words = [w for w in WORDS if w not in ("user", "assistant", ":")]
+    lines = [json.dumps({"prompt": " ".join(rng.choices(words, k=rng.randint(3, 12))), "category": rng.choice("ab")})
+             for _ in range(count)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tmp_path_factory):
+    root = tmp_path_factory.mktemp("distill")
+    target = save_tiny_checkpoint(root / "target", tiny_llama(suppress_eos=False), tiny_tokenizer())
+    return target, _prompt_file(root / "prompts.jsonl")
+
+
+def _data(prompts, **overrides):
+    return DataConfig(**{"prompt_file": str(prompts), "text_documents": 0, "max_new_tokens": 16, "batch_size": 8, **overrides})
+
+
+@pytest.fixture(scope="module")
+def distilled(tiny_target, tmp_path_factory):
+    target, prompts = tiny_target
+    out = tmp_path_factory.mktemp("work")
+    report = distill(str(target), out, _data(prompts), ARCH, TrainConfig(epochs=4, batch_tokens=256, checkpoint_every=3, lr=1e-2, warmup_steps=2), held_out=0.25)
+    return out, report
+
+
+def _native_draft(vocab=64, output=40, seed=0):
+    arch = DraftArchitecture(layers=2, hidden=32, heads=4, kv_heads=2, intermediate=48, output_vocab=output)
+    config = arch.native_config(tiny_llama().config)
+    torch.manual_seed(seed)
+    model = build_draft_transformer(config, output)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.3)
+    return model
+
+
+def test_batched_training_forward_matches_the_engine():
+    model = _native_draft().eval()
+    ids = torch.randint(0, 64, (3, 11))
+    batched = draft_logits(model, ids)  # [3, 11, 40]
+    for row in range(3):
+        with torch.inference_mode():
+            engine = model(ids[row], torch.arange(11), model.new_cache(16))
+        torch.testing.assert_close(batched[row], engine, atol=1e-5, rtol=1e-5)
+
+
+def test_right_padding_does_not_change_the_real_positions():
+    model = _native_draft().eval()
+    ids = torch.randint(3, 64, (1, 9))
+    padded = torch.cat([ids, torch.zeros(1, 4, dtype=torch.long)], dim=1)
+    torch.testing.assert_close(draft_logits(model, padded)[:, :9], draft_logits(model, ids), atol=1e-6, rtol=1e-6)
+
+
+def test_make_batches_respects_the_token_budget_and_covers_every_sequence():
+    lengths = [random.Random(i).randint(5, 60) for i in range(50)]
+    batches = make_batches(lengths, 128, random.Random(0))
+    assert sorted(i for b in batches for i in b) == list(range(50))
+    assert all(max(lengths[i] for i in b) * len(b) <= 128 or len(b) == 1 for b in batches)
+
+
+def test_distill_writes_a_loadable_draft_that_learned(distilled, tiny_target):
+    out, report = distilled
+    assert (out / "draft" / "README.md").read_text().startswith("# Distilled draft")
+    held = report["held_out"]["all"]
+    assert 0 <= held["alpha_greedy"] <= 1 and 0 < held["alpha_t1"] <= 1 and held["positions"] > 0
+    assert set(report["held_out"]) == {"all", "a", "b"}
+    init = torch.load(out / "init.pt", weights_only=True)
+    data = load_teacher(out)
+    from specdecode.distill.train import _batch, distill_loss
+
+    index = torch.full((64,), -1, dtype=torch.long)
+    index[init["output_ids"]] = torch.arange(len(init["output_ids"]))
+    ids, rows, positions, idx, p = _batch(data, range(len(data)), index)
+    start = build_draft_transformer(ARCH.native_config(tiny_llama().config), 40)
+    start.load_state_dict(init["model"])
+    trained, output_ids, config = load_draft_transformer(out / "draft")
+    assert torch.equal(output_ids, init["output_ids"]) and config["target"].endswith("target")
+    with torch.no_grad():
+        before = distill_loss(draft_logits(start, ids)[rows, positions], idx, p)
+        after = distill_loss(draft_logits(trained, ids)[rows, positions], idx, p)
+    assert after < before - 0.1, f"distillation did not lower the loss: {before:.3f} -> {after:.3f}"
+
+
+def test_resume_after_interruption_gives_the_same_draft(distilled, tiny_target, tmp_path, monkeypatch):
+    target, prompts = tiny_target
+    reference = load_draft_transformer(distilled[0] / "draft")[0].state_dict()
+    steps = {"n": 0}
+    original = torch.optim.AdamW.step
+
+    def crash_after_five(self, *args, **kwargs):
+        steps["n"] += 1
+        if steps["n"] == 5:
+            raise KeyboardInterrupt
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", crash_after_five)
+    train = TrainConfig(epochs=4, batch_tokens=256, checkpoint_every=3, lr=1e-2, warmup_steps=2)
+    with pytest.raises(KeyboardInterrupt):
+        distill(str(target), tmp_path, _data(prompts), ARCH, train, held_out=0.25)
+    assert (tmp_path / "checkpoint.pt").is_file() and not (tmp_path / "draft").exists()
+    monkeypatch.setattr(torch.optim.AdamW, "step", original)
+    distill(str(target), tmp_path, _data(prompts), ARCH, train, held_out=0.25)
+    resumed = load_draft_transformer(tmp_path / "draft")[0].state_dict()
+    for name, tensor in reference.items():
+        assert torch.equal(tensor, resumed[name]), name
+
+
+def test_data_of_other_settings_is_refused(distilled, tiny_target):
+    target, prompts = tiny_target
+    with pytest.raises(ValueError, match="other settings.*max_new_tokens"):
+        distill(str(target), distilled[0], _data(prompts, max_new_tokens=8), ARCH, TrainConfig(epochs=1))
+
+
+def test_teacher_data_agrees_with_the_greedy_responses(distilled):
+    data = load_teacher(distilled[0])
+    greedy = [i for i in range(len(data)) if torch.equal(data.topk_ids[i][:, 0], data.ids[i][data.first[i] + 1 :])]
+    assert len(greedy) >= 8  # batch 1 of 0..2 is greedy (sample_fraction 0.5): its tokens are the target's argmaxes
+
+
+def test_evaluation_prompts_are_refused(tmp_path):
+    path = tmp_path / "spec_bench_dev.jsonl"
+    path.write_text('{"turns": ["hi"]}\n')
+    with pytest.raises(ValueError, match="evaluation"):
+        read_prompt_file(path)
+    with pytest.raises(ValueError, match="evaluation"):
+        read_text_file(path)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--layers", "0"], "layers must be a positive integer"),
+        (["--hidden", "30", "--heads", "4"], "hidden"),
+        (["--sample-fraction", "2"], "sample_fraction"),
+        (["--lr", "-1"], "lr must be"),
+    ],
+)
+def test_cli_rejects_bad_settings(argv, message, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["distill", "--out", str(tmp_path), *argv])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cli_distills_a_tiny_target(tiny_target, tmp_path, capsys):
+    target, prompts = tiny_target
+    argv = ["distill", "--target", str(target), "--out", str(tmp_path), "--prompt-file", str(prompts), "--text-documents", "0",
+            "--max-new-tokens", "8", "--layers", "1", "--hidden", "32", "--heads", "2", "--kv-heads", "1",
+            "--intermediate", "32", "--output-vocab", "0", "--epochs", "1", "--batch-tokens", "256"]
+    assert main(argv) == 0
+    assert "alpha_greedy" in capsys.readouterr().out
+    assert load_draft_transformer(tmp_path / "draft")[1].numel() == 64  # output_vocab 0: the whole vocabulary
+
+
+def test_reduced_vocab_lm_is_minus_infinity_outside_the_head():
+    model = _native_draft()
+    output_ids = torch.arange(0, 80, 2)  # 40 even ids of 80... but the vocabulary is 64
+    with pytest.raises(ValueError, match="output_ids"):
+        ReducedVocabLM(NativeLM(model, max_cache_len=32), output_ids, 64)
+    output_ids = torch.arange(0, 64)[torch.randperm(64, generator=torch.Generator().manual_seed(0))[:40]].sort().values
+    lm = ReducedVocabLM(NativeLM(model, max_cache_len=32), output_ids, 64)
+    prompt = torch.tensor([3, 4, 5])
+    logits = lm.prefill(prompt)
+    outside = torch.ones(64, dtype=torch.bool)
+    outside[output_ids] = False
+    assert logits.shape == (64,) and torch.isinf(logits[outside]).all() and torch.isfinite(logits[output_ids]).all()
+    q = torch.softmax(logits, dim=-1)
+    assert float(q[outside].sum()) == 0.0
+    first = lm.extend(torch.tensor([7, 8]))
+    lm.rollback(0)
+    torch.testing.assert_close(lm.extend(torch.tensor([7, 8])), first)
+
+
+def test_saved_draft_round_trips_and_pairs_with_its_target(tmp_path):
+    model = _native_draft()
+    output_ids = torch.arange(40)
+    save_draft(tmp_path, model, output_ids, "tiny", tiny_tokenizer(), {"note": "test"})
+    loaded = load_distilled(tmp_path)
+    assert loaded.model.vocab_size == 64 and loaded.tokenizer is not None
+    ids = torch.tensor([5, 6, 7])
+    with torch.inference_mode():
+        expected = model(ids, torch.arange(3), model.new_cache(8), last_only=True)[0]
+    torch.testing.assert_close(loaded.model.prefill(ids)[:40], expected.to(torch.bfloat16).float(), atol=0.05, rtol=0.05)
+
+
+def test_lookup_then_model_prefers_the_lookup_on_repeats_and_stays_greedy_exact(tmp_path):
+    target_dir = save_tiny_checkpoint(tmp_path / "t", tiny_llama(seed=0), tiny_tokenizer())
+    draft_dir = save_tiny_checkpoint(tmp_path / "d", tiny_llama(seed=1), tiny_tokenizer())
+    from specdecode.backends import load
+
+    target = load(str(target_dir), "native")
+    drafter = make_drafter(f"{draft_dir}+ngram", target, "native")
+    assert isinstance(drafter, LookupThenModelDrafter) and isinstance(drafter.model, ModelDrafter)
+    greedy = SamplingParams(0.0)
+    prompt = torch.tensor([5, 6, 7, 8, 9, 10, 11])
+    drafter.start(prompt)
+    repeat = drafter.propose(torch.tensor([5, 6, 7]), 3, greedy, None)  # the context ends with 5 6 7, seen before
+    assert repeat.tokens.tolist() == [8, 9, 10] and drafter.lookup_drafts == 1 and drafter.model_drafts == 0
+    fresh = drafter.propose(torch.tensor([12, 13, 14]), 3, greedy, None)
+    assert len(fresh) == 3 and drafter.model_drafts == 1
+    alone = generate(target.model, prompt, drafter=None, max_new_tokens=24, sampling=greedy)
+    mixed = generate(target.model, prompt, drafter=drafter, gamma=3, max_new_tokens=24, sampling=greedy)
+    assert mixed.token_ids == alone.token_ids
+
+
+def test_bundled_name_without_a_bundled_draft_is_refused(tmp_path):
+    target_dir = save_tiny_checkpoint(tmp_path / "t", tiny_llama(seed=0), tiny_tokenizer())
+    from specdecode.backends import load
+
+    target = load(str(target_dir), "native")
+    with pytest.raises(ValueError, match="no bundled draft"):
+        make_drafter("bundled", target)
+    assert make_drafter("auto", target).name.startswith("ngram")  # no bundled draft: prompt lookup
