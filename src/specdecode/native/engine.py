@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
+import sys
+
 import torch
 
 from specdecode.models.base import ContextLengthError, as_token_ids
@@ -12,11 +17,29 @@ __all__ = ["NativeLM", "DEFAULT_MAX_CACHE_LEN"]
 DEFAULT_MAX_CACHE_LEN = 4096  # the cache is preallocated: 2 * layers * KV * D * max_len values
 
 
-def _apply_packing(model: NativeTransformer, packing: str) -> str:
+def _apply_quantization(model: NativeTransformer, quantize: str) -> str:
+    """Quantize the model's weights as asked (in place); return the quantization it ends up with."""
+    from specdecode.native.quant import check_quantize, current_quantization, quantize_model
+
+    current = current_quantization(model)
+    if check_quantize(quantize) in ("none", current):
+        return current
+    if current != "none":
+        raise ValueError(f"the model is already quantized as {current!r}; "
+                         f"build a fresh model for quantize={quantize!r}")
+    quantize_model(model, quantize)
+    return quantize
+
+
+def _apply_packing(model: NativeTransformer, packing: str, quantized: bool) -> str:
     """Pack the model's linear layers as asked (in place); return the packing it ends up with."""
     from specdecode.native.fast import current_packing, pack_linears, packing_available
 
     current = current_packing(model)
+    if quantized:  # int8 layers have their own kernel; there is nothing to pack
+        if packing not in ("auto", "none"):
+            raise ValueError(f"packing={packing!r} does not apply to an int8 model; use packing='auto' or 'none'")
+        return "none"
     if packing == "auto":
         if current != "none":
             return current
@@ -31,6 +54,25 @@ def _apply_packing(model: NativeTransformer, packing: str) -> str:
     return packing
 
 
+@functools.cache
+def _malloc_trim():
+    """glibc's malloc_trim, or None off Linux / glibc."""
+    path = ctypes.util.find_library("c") if sys.platform.startswith("linux") else None
+    libc = ctypes.CDLL(path) if path else None
+    return getattr(libc, "malloc_trim", None)
+
+
+def release_freed_memory() -> None:
+    """Give heap memory freed by packing or quantization (the replaced weights) back to the OS.
+
+    glibc keeps freed blocks below its (adaptive, up to 32 MiB) mmap threshold in the heap, so
+    without this the replaced float32 weights would stay in the resident set.
+    """
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
 class NativeLM:
     """A decoder-only `LanguageModel` on a `NativeTransformer` with a static KV cache.
 
@@ -39,9 +81,10 @@ class NativeLM:
     packing: 'none' (plain nn.Linear), 'packed' (weights prepacked for oneDNN: several rows cost little
     more than one), 'dual' (also a plain copy for single rows: fastest in float32, twice the weight
     memory) or 'auto' (on a CPU with oneDNN: dual for float32, packed for bfloat16; else none); see
-    `specdecode.native.fast`. Packing replaces
-    the model's linear layers in place. compile=True runs the model through torch.compile
-    (minutes to start, not faster on CPU in our measurements).
+    `specdecode.native.fast`. quantize: 'none' or 'int8' (weight-only int8 with per-channel scales,
+    `specdecode.native.quant`; an int8 model is not packed). Both replace the model's layers in
+    place. compile=True runs the model through torch.compile (minutes to start, not faster on CPU
+    in our measurements).
     """
 
     def __init__(
@@ -51,12 +94,16 @@ class NativeLM:
         max_cache_len: int = DEFAULT_MAX_CACHE_LEN,
         *,
         packing: str = "auto",
+        quantize: str = "none",
         compile: bool = False,
     ) -> None:
         if isinstance(max_cache_len, bool) or not isinstance(max_cache_len, int) or max_cache_len < 2:
             raise ValueError(f"max_cache_len must be an integer >= 2, got {max_cache_len!r}")
         if packing not in ("auto", "none", "packed", "dual"):
             raise ValueError(f"packing must be 'auto', 'none', 'packed' or 'dual', got {packing!r}")
+        if quantize != "none" and packing in ("packed", "dual"):
+            raise ValueError(f"packing={packing!r} does not apply to quantize={quantize!r}; "
+                             "use packing='auto' or 'none'")
         if compile and packing in ("packed", "dual"):
             raise ValueError("compile=True packs the weights itself (inductor freezing); use packing='none'")
         config = model.config
@@ -66,7 +113,10 @@ class NativeLM:
         self.vocab_size = config.vocab_size
         self.max_length = min(config.max_position_embeddings, config.sliding_window or max_cache_len, max_cache_len)
         self.device = model.device
-        self.packing = _apply_packing(model, "none" if compile else packing)
+        self.quantize = _apply_quantization(model, quantize)
+        self.packing = _apply_packing(model, "none" if compile else packing, quantized=self.quantize != "none")
+        if self.packing != "none" or self.quantize != "none":
+            release_freed_memory()
         self._forward = model
         if compile:
             from specdecode.native.fast import compiled_forward

@@ -1,9 +1,14 @@
 """Optional CPU speed-ups for `NativeTransformer`: oneDNN-prepacked linear layers and torch.compile.
 
-Decoding and verification feed 1..8 rows at a time, so every matmul streams its whole weight
-from memory. With plain weights, MKL makes 5 rows cost ~1.8x one row on our 2-core CPU; oneDNN
-with the weights reordered once into its blocked layout keeps 5 rows within ~1.1-1.3x of one,
-but is slower than MKL's gemv for a single row. DualLinear keeps both (see bench.py's numbers).
+Decoding and verification feed 1..16 rows at a time, so every matmul streams its whole weight
+from memory. Measured on SmolLM2-135M, float32, 2 idle Xeon cores (bench.py --quick):
+- plain weights (MKL): T(1) 53 ms, T(5)/T(1) 1.7;
+- oneDNN, weights reordered once into its blocked layout ('packed'): T(1) 65 ms, T(5)/T(1) 1.15;
+- DualLinear ('dual', the float32 default) keeps both: MKL's gemv for one row, oneDNN for several:
+  T(1) 41 ms, the best single row, and several rows cost what 'packed' costs (T(5) ~66-79 ms).
+  Its T(k)/T(1) is ~1.6-1.9 only because its T(1) is lower: float32 arithmetic for k rows is not
+  free on 2 cores. Using the plain copy for several rows of the narrow layers (qkv, o, down) was
+  tried and is slower (T(5) +10 ms). bfloat16 'packed' (AMX) is flat: T(5)/T(1) ~1.1.
 Packed weights are opaque oneDNN tensors: CPU only, not in the state dict.
 """
 
@@ -60,7 +65,7 @@ class DualLinear(PackedLinear):
         super().__init__(linear)
         weight = linear.weight.detach()
         self.transposed = weight.shape[0] > weight.shape[1]
-        self.plain = weight.t().contiguous() if self.transposed else weight.clone()  # [in, out] or [out, in]
+        self.plain = weight.t().contiguous() if self.transposed else weight  # [in, out] or [out, in] (shared)
 
     def _matrix(self) -> torch.Tensor:  # [in, out] view for mm
         return self.plain if self.transposed else self.plain.t()

@@ -122,7 +122,9 @@ def _build(config: NativeConfig, state: Mapping[str, torch.Tensor], dtype: torch
             raise ValueError(f"the checkpoint has no tensor for {name!r}")
         if tuple(state[name].shape) != tuple(shape):
             raise ValueError(f"tensor {name!r} has shape {tuple(state[name].shape)}, expected {tuple(shape)}")
-    tensors = {name: state[name].to(dtype).contiguous() for name in expected}
+    # own copies: tensors from load_file map the whole file, and one kept tensor (a norm) would keep all
+    # of it resident after packing or quantization replaced the rest
+    tensors = {name: torch.empty(expected[name], dtype=dtype).copy_(state[name]) for name in expected}
     model.load_state_dict(tensors, strict=False, assign=True)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.embed.weight
@@ -135,7 +137,7 @@ def native_from_hf_model(model: PreTrainedModel, dtype: torch.dtype | None = Non
     """The native twin of a loaded Llama / Qwen2 / Mistral `transformers` model (weights copied)."""
     config = NativeConfig.from_hf_config(model.config)
     dtype = dtype or next(model.parameters()).dtype
-    state = {name: t.detach().cpu().clone() for name, t in model.state_dict().items()}  # never alias HF's
+    state = {name: t.detach().cpu() for name, t in model.state_dict().items()}  # _build copies them
     return _build(config, native_state_dict(state, config), dtype)
 
 
@@ -303,19 +305,37 @@ def native_from_gguf(
     if (cached / _CACHE_COMPLETE).is_file():
         config = NativeConfig.from_dict(json.loads((cached / "native_config.json").read_text()))
         model = _build(config, load_file(cached / "model.safetensors"), dtype)
-        tokenizer = None
-        if with_tokenizer and (cached / "tokenizer_config.json").is_file():
-            tokenizer = AutoTokenizer.from_pretrained(cached)
-        return model, tokenizer
+        return model, (_cached_tokenizer(cached, path) if with_tokenizer else None)
 
     config, hf_state = read_gguf(path)
     model = _build(config, native_state_dict(hf_state, config), dtype)
     tokenizer = _gguf_tokenizer(path) if with_tokenizer else None
-    _save_cache(cached, model, tokenizer, source=path, dtype=dtype)
+    tokenizer_state = "skipped" if not with_tokenizer else ("saved" if tokenizer is not None else "absent")
+    _save_cache(cached, model, tokenizer, source=path, dtype=dtype, tokenizer_state=tokenizer_state)
     return model, tokenizer
 
 
-def _save_cache(cached: Path, model: NativeTransformer, tokenizer, source: Path, dtype: torch.dtype) -> None:
+def _cached_tokenizer(cached: Path, source: Path):
+    """The tokenizer saved with a converted model; one converted with_tokenizer=False gets it added now."""
+    if (cached / "tokenizer_config.json").is_file():
+        return AutoTokenizer.from_pretrained(cached)
+    marker = json.loads((cached / _CACHE_COMPLETE).read_text())
+    if marker.get("tokenizer") == "absent":
+        return None  # the GGUF file has none
+    tokenizer = _gguf_tokenizer(source)
+    try:
+        if tokenizer is not None:
+            tokenizer.save_pretrained(cached)
+        else:
+            (cached / _CACHE_COMPLETE).write_text(json.dumps({**marker, "tokenizer": "absent"}))
+    except OSError as error:  # a read-only cache only costs speed
+        logger.warning("cannot record the tokenizer in the cache in %s: %s", cached, error)
+    return tokenizer
+
+
+def _save_cache(
+    cached: Path, model: NativeTransformer, tokenizer, source: Path, dtype: torch.dtype, tokenizer_state: str
+) -> None:
     """Write the converted model atomically (staging directory, then rename); failures only cost speed."""
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)
@@ -331,7 +351,9 @@ def _save_cache(cached: Path, model: NativeTransformer, tokenizer, source: Path,
         (staging / "native_config.json").write_text(json.dumps(model.config.to_dict()))
         if tokenizer is not None:
             tokenizer.save_pretrained(staging)
-        (staging / _CACHE_COMPLETE).write_text(json.dumps({"source": str(source), "dtype": str(dtype)}))
+        (staging / _CACHE_COMPLETE).write_text(json.dumps(
+            {"source": str(source), "dtype": str(dtype), "tokenizer": tokenizer_state}
+        ))
         if cached.exists():  # an interrupted earlier conversion
             shutil.rmtree(cached)
         staging.rename(cached)
@@ -369,14 +391,20 @@ def load_native(
     name_or_path: str | os.PathLike = DEFAULT_TARGET,
     dtype: torch.dtype = torch.float32,
     max_cache_len: int = DEFAULT_MAX_CACHE_LEN,
+    *,
+    quantize: str = "none",
     **engine_options,
 ) -> LoadedModel:
     """Like `specdecode.models.loading.load_model`, on the native engine.
 
     Takes the default model's name, a `.gguf` file or a Hugging Face directory (or cached model id).
     `hf_model` of the result is a `NativeModelInfo` (transformers config and generation_config, no weights).
-    engine_options go to `NativeLM` (packed=..., compile=...).
+    quantize='int8' stores the weights as int8 with per-channel scales (`specdecode.native.quant`);
+    the other engine_options go to `NativeLM` (packing=..., compile=...).
     """
+    from specdecode.native.quant import check_quantize
+
+    check_quantize(quantize)  # before the (slow) load
     source = str(name_or_path)
     if source == DEFAULT_TARGET or source.endswith(".gguf"):
         path = default_gguf_path() if source == DEFAULT_TARGET else Path(source)
@@ -392,5 +420,5 @@ def load_native(
             tokenizer = None
         hf_config = AutoConfig.from_pretrained(directory, local_files_only=True)
         info = NativeModelInfo(hf_config, model.config, _generation_config(model.config, directory))
-    engine = NativeLM(model, name=source, max_cache_len=max_cache_len, **engine_options)
+    engine = NativeLM(model, name=source, max_cache_len=max_cache_len, quantize=quantize, **engine_options)
     return LoadedModel(engine, tokenizer, info, source)

@@ -24,18 +24,22 @@ __all__ = ["KVCache", "NativeTransformer", "DecoderLayer"]
 class KVCache:
     """Preallocated keys and values: k[layer], v[layer] of shape [1, KV, max_len, D], slot t = position t.
 
-    Entries beyond the current length may hold stale values from rolled-back tokens; they are
-    overwritten before they are ever attended to, so rolling back is just moving a length.
+    Entries beyond the current length are uninitialized or hold stale values from rolled-back
+    tokens; they are overwritten before they are ever attended to, so rolling back is just moving
+    a length.
     """
 
     def __init__(self, config: NativeConfig, max_len: int, dtype: torch.dtype, device: torch.device) -> None:
-        shape = (1, config.num_kv_heads, max_len, config.head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
+        # one uninitialized block: every slot is written before it is attended to, and on CPU the
+        # pages of a large allocation become resident only as the context reaches them
+        shape = (2, config.num_layers, 1, config.num_kv_heads, max_len, config.head_dim)
+        self.storage = torch.empty(shape, dtype=dtype, device=device)
+        self.k = list(self.storage[0].unbind(0))  # [1, KV, max_len, D] views
+        self.v = list(self.storage[1].unbind(0))
         self.max_len = max_len
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+        return self.storage.numel() * self.storage.element_size()
 
 
 def _linear(in_features: int, out_features: int, bias: bool, dtype: torch.dtype, device) -> nn.Linear:
@@ -122,7 +126,7 @@ class NativeTransformer(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self.embed.weight.device
+        return self.norm.weight.device  # the embedding may be an int8 table (specdecode.native.quant)
 
     def new_cache(self, max_len: int) -> KVCache:
         """A KV cache for positions [0, max_len), with RoPE tables to match."""
