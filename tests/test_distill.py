@@ -7,7 +7,7 @@ import random
 
 import pytest
 import torch
-from tiny_hf import EOS_ID, WORDS, save_tiny_checkpoint, tiny_llama, tiny_tokenizer
+from tiny_hf import WORDS, save_tiny_checkpoint, tiny_llama, tiny_tokenizer
 
 from specdecode.cli import main
 from specdecode.core.sampling import SamplingParams
@@ -246,3 +246,23 @@ def test_bundled_name_without_a_bundled_draft_is_refused(tmp_path):
     with pytest.raises(ValueError, match="no bundled draft"):
         make_drafter("bundled", target)
     assert make_drafter("auto", target).name.startswith("ngram")  # no bundled draft: prompt lookup
+
+
+@pytest.mark.real_model
+def test_bundled_draft_loads_and_shares_the_default_targets_tokenizer():
+    from specdecode.backends import load
+    from specdecode.drafters.distilled import bundled_draft_dir
+    from specdecode.models.compat import check_vocabularies
+    from specdecode.models.loading import DEFAULT_TARGET
+
+    path = bundled_draft_dir(DEFAULT_TARGET)
+    assert path is not None, "the default target's bundled draft is missing from the package"
+    target = load(DEFAULT_TARGET)
+    draft = load_distilled(path)
+    check_vocabularies(target.tokenizer, draft.tokenizer, target.model.vocab_size, draft.model.vocab_size)
+    assert draft.model.vocab_size == target.model.vocab_size
+    drafter = make_drafter("auto", target)
+    assert isinstance(drafter, LookupThenModelDrafter)  # the default: bundled draft + prompt lookup
+    ids = target.tokenizer("The capital of France is")["input_ids"]
+    logits = draft.model.prefill(torch.tensor(ids))
+    assert torch.isfinite(logits).sum() == json.loads((path / "draft_config.json").read_text())["output_vocab_size"]

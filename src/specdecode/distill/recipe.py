@@ -113,17 +113,10 @@ def init_draft(architecture: DraftArchitecture, target_config, target_embedding:
             centred = target_embedding.float() - target_embedding.float().mean(dim=0)
             _, _, vh = torch.linalg.svd(centred, full_matrices=False)  # principal directions [hidden_t, hidden_t]
             projected = centred @ vh[: architecture.hidden].T  # [V, hidden]
-            projected = projected / projected.std() * 0.02 * 10  # a unit-ish scale the RMSNorms accept
-            model.embed.weight.copy_(projected)
-            model.lm_head.weight.copy_(projected[output_ids] / 10)
+            projected = projected / projected.std()  # unit scale; the input RMSNorm makes it irrelevant there
+            model.embed.weight.copy_(projected * 0.2)
+            model.lm_head.weight.copy_(projected[output_ids] * 0.02)  # the head starts near uniform
     return model
-
-
-def _target_embedding(hf_model) -> torch.Tensor | None:
-    try:
-        return hf_model.get_input_embeddings().weight.detach()
-    except AttributeError:
-        return None
 
 
 def distill(
