@@ -261,8 +261,8 @@ def test_bundled_draft_loads_and_shares_the_default_targets_tokenizer():
     draft = load_distilled(path)
     check_vocabularies(target.tokenizer, draft.tokenizer, target.model.vocab_size, draft.model.vocab_size)
     assert draft.model.vocab_size == target.model.vocab_size
-    drafter = make_drafter("auto", target)
-    assert isinstance(drafter, LookupThenModelDrafter)  # the default: bundled draft + prompt lookup
+    drafter = make_drafter("bundled+ngram", target)
+    assert isinstance(drafter, LookupThenModelDrafter) and isinstance(drafter.model, ModelDrafter)
     ids = target.tokenizer("The capital of France is")["input_ids"]
     logits = draft.model.prefill(torch.tensor(ids))
     assert torch.isfinite(logits).sum() == json.loads((path / "draft_config.json").read_text())["output_vocab_size"]

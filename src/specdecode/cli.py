@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     """The model options a subcommand shares: --target, --draft, --gamma."""
     parser.add_argument("--target", default=DEFAULT_TARGET, help=f"target model: {DEFAULT_TARGET} (default), a .gguf file or an HF directory/id")
-    parser.add_argument("--draft", default=DEFAULT_DRAFT, help="draft: 'auto' (default: the bundled distilled draft + prompt lookup for the default target, else 'ngram'), 'ngram' (prompt lookup), 'bundled', 'bundled+ngram', 'none' (target alone), or a model path/id (add '+ngram' to prefer prompt lookup on repeats)")
+    parser.add_argument("--draft", default=DEFAULT_DRAFT, help="draft: 'auto' (default: today 'ngram'), 'ngram' (prompt lookup), 'bundled', 'bundled+ngram', 'none' (target alone), or a model path/id (add '+ngram' to prefer prompt lookup on repeats)")
     parser.add_argument("--gamma", type=int, default=4, help="draft tokens per target call (default 4)")
     parser.add_argument("--backend", choices=BACKENDS, default="auto", help="engine: native (fast PyTorch Llama/Qwen2), hf (transformers), auto (default: native where supported)")
 

@@ -17,7 +17,10 @@ from specdecode.models.loading import DEFAULT_TARGET, LoadedModel
 
 __all__ = ["Pipeline", "StopStrings", "DEFAULT_DRAFT", "make_drafter"]
 
-DEFAULT_DRAFT = "auto"  # the bundled distilled draft with prompt lookup where the target has one, else prompt lookup
+DEFAULT_DRAFT = "auto"  # see AUTO_DRAFT
+# What 'auto' means. The bundled distilled draft (alpha ~0.13 on Spec-Bench, docs/benchmarks.md) still
+# slows decoding down, so prompt lookup stays the default until a draft beats it; 'bundled+ngram' opts in.
+AUTO_DRAFT = "ngram"
 
 
 class StopStrings:
@@ -51,7 +54,7 @@ class StopStrings:
 def make_drafter(spec: str | None, target: LoadedModel, backend: str = "auto") -> Drafter | None:
     """A drafter from its CLI name.
 
-    'auto' (default): 'bundled+ngram' when the target has a bundled draft, else 'ngram';
+    'auto' (default): AUTO_DRAFT, today 'ngram';
     'ngram': prompt lookup; 'none': the target alone; 'bundled': the distilled draft shipped for the target;
     a path or id: a draft model (a `specdecode distill` output directory, a GGUF file or an HF model);
     'X+ngram': draft X, but prompt lookup wherever the context repeats (a match of >= 3 tokens).
@@ -59,7 +62,7 @@ def make_drafter(spec: str | None, target: LoadedModel, backend: str = "auto") -
     if spec is None or spec == "none":
         return None
     if spec == "auto":
-        spec = "bundled+ngram" if bundled_draft_dir(target.source) is not None else "ngram"
+        spec = AUTO_DRAFT
     if spec == "ngram":
         return PromptLookupDrafter()
     with_lookup = spec.endswith("+ngram")
