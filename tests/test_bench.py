@@ -446,3 +446,11 @@ def test_theory_bad_parameters_exit_2(capsys, args, message):
         main(["theory", *args])
     assert info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_distilled_drafts_are_not_assistants_with_a_short_reason():
+    from specdecode.bench.peers import load_assistant
+
+    for spec in ("bundled", "bundled+ngram"):
+        draft, reason = load_assistant(spec, target_model=None)
+        assert draft is None and "distilled draft" in reason and "huggingface.co" not in reason

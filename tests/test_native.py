@@ -435,6 +435,20 @@ def test_bad_arguments() -> None:
     assert NativeLM(packed).packing == "packed"  # auto keeps what is there
 
 
+def test_dual_packing_of_a_tied_model_looks_up_embeddings_in_the_heads_plain_copy() -> None:
+    from specdecode.native.fast import TransposedEmbedding
+
+    reference = native_from_hf_model(MODELS["llama_bias_tied"])
+    table = reference.embed.weight.clone()  # [V, H]
+    model = NativeLM(native_from_hf_model(MODELS["llama_bias_tied"]), packing="dual").model
+    assert isinstance(model.embed, TransposedEmbedding)
+    assert model.embed.table_t.data_ptr() == model.lm_head.plain.data_ptr()  # shared, not a third copy
+    ids = torch.tensor([0, 5, VOCAB_SIZE - 1, 5])
+    assert torch.equal(model.embed(ids), table[ids])
+    untied = NativeLM(native_from_hf_model(MODELS["llama"]), packing="dual").model
+    assert isinstance(untied.embed, torch.nn.Embedding)
+
+
 # --------------------------------------------------------------------------- the real default model
 
 

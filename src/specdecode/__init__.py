@@ -10,7 +10,7 @@
 from specdecode.core.sampling import SamplingParams
 from specdecode.decoding import GenerationResult, GenerationStats, TokenStream, generate, stream
 from specdecode.drafters import BigramDrafter, Draft, Drafter, ModelDrafter, PromptLookupDrafter, UnigramDrafter
-from specdecode.models import LanguageModel, check_vocabularies, wrap_hf_model
+from specdecode.models import LanguageModel, check_vocabularies
 from specdecode.models.loading import load_model
 from specdecode.pipeline import Pipeline
 
@@ -35,3 +35,11 @@ __all__ = [
     "load_model",
     "Pipeline",
 ]
+
+
+def __getattr__(name: str):
+    if name == "wrap_hf_model":  # imports transformers' modeling code (seconds): only on first use
+        from specdecode.models.hf import wrap_hf_model
+
+        return wrap_hf_model
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -90,8 +90,15 @@ def _quiet_transformers() -> Iterator[None]:
 
 def load_assistant(spec: str, target_model) -> tuple[object | None, str | None]:
     """(an HF draft model for assisted generation, None) or (None, why it cannot be one)."""
+    from specdecode.drafters.distilled import is_distilled_draft
+    from specdecode.pipeline import AUTO_DRAFT
+
+    model_spec = (AUTO_DRAFT if spec == "auto" else spec).removesuffix("+ngram")
+    if model_spec == "bundled" or is_distilled_draft(model_spec):
+        return None, (f"draft {spec!r} is a specdecode distilled draft (native engine only, reduced output "
+                      "vocabulary); assisted generation needs a transformers model")
     try:
-        loaded = backends.load(spec, "hf")
+        loaded = backends.load(model_spec, "hf")
     except Exception as error:  # noqa: BLE001 - any failure makes the peer not applicable, with its reason
         return None, f"draft {spec!r} does not load as a Hugging Face model ({error})"
     draft = loaded.hf_model

@@ -149,21 +149,23 @@ class ReducedVocabLM:
         return self.inner.room()
 
 
-def load_distilled(directory: str | Path, max_cache_len: int = 4096, **engine_options) -> LoadedModel:
+def load_distilled(
+    directory: str | Path, max_cache_len: int = 4096, dtype: torch.dtype = torch.float32, **engine_options
+) -> LoadedModel:
     """A distilled draft on the native engine, as a LoadedModel (hf_model holds its configs only)."""
     from transformers import AutoTokenizer, GenerationConfig
 
     from specdecode.native.loading import NativeModelInfo
 
     directory = Path(directory)
-    model, output_ids, config = load_draft_transformer(directory)
+    model, output_ids, config = load_draft_transformer(directory, dtype)
     name = f"distilled:{directory.name}"
     engine: LanguageModel = NativeLM(model, name=name, max_cache_len=max_cache_len, **engine_options)
     if output_ids.numel() != model.config.vocab_size:
         engine = ReducedVocabLM(engine, output_ids, model.config.vocab_size)
     tokenizer = AutoTokenizer.from_pretrained(directory) if (directory / "tokenizer_config.json").is_file() else None
     native = model.config
-    info = NativeModelInfo(native.to_hf_config(), native, GenerationConfig(eos_token_id=native.eos_token_id))
+    info = NativeModelInfo(None, native, GenerationConfig(eos_token_id=native.eos_token_id))
     return LoadedModel(engine, tokenizer, info, str(directory))
 
 

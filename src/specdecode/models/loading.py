@@ -20,12 +20,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel
-from transformers.utils import logging as hf_logging
 
 from specdecode.models.base import LanguageModel
-from specdecode.models.hf import wrap_hf_model
+
+if TYPE_CHECKING:  # transformers' modeling code is imported where a model is loaded, not at import
+    from transformers import PreTrainedModel
 
 __all__ = ["LoadedModel", "DEFAULT_TARGET", "load_model", "default_gguf_path", "cache_root"]
 
@@ -67,6 +69,8 @@ def default_gguf_path() -> Path:
 
 def load_model(name_or_path: str | os.PathLike = DEFAULT_TARGET, dtype: torch.dtype = torch.float32) -> LoadedModel:
     """Load a model by the default's name, a `.gguf` file, or a Hugging Face directory / cached model id."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
     source = str(name_or_path)
     if source == DEFAULT_TARGET:
         path = default_gguf_path()
@@ -90,11 +94,15 @@ def load_model(name_or_path: str | os.PathLike = DEFAULT_TARGET, dtype: torch.dt
 
 
 def _loaded(model_and_tokenizer: tuple[PreTrainedModel, object | None], source: str) -> LoadedModel:
+    from specdecode.models.hf import wrap_hf_model
+
     model, tokenizer = model_and_tokenizer
     return LoadedModel(wrap_hf_model(model, name=source), tokenizer, model, source)
 
 
 def _load_tokenizer(source: str | Path, **kwargs) -> object | None:
+    from transformers import AutoTokenizer
+
     try:
         return AutoTokenizer.from_pretrained(source, **kwargs)
     except (OSError, ValueError) as error:  # a checkpoint without tokenizer files
@@ -105,6 +113,8 @@ def _load_tokenizer(source: str | Path, **kwargs) -> object | None:
 @contextlib.contextmanager
 def _quiet_progress() -> Iterator[None]:
     """Hide transformers' progress bars for the duration."""
+    from transformers.utils import logging as hf_logging
+
     was_enabled = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
@@ -122,6 +132,8 @@ def _gguf_cache_dir(path: Path, dtype: torch.dtype) -> Path:
 
 def _load_gguf(path: Path, dtype: torch.dtype) -> tuple[PreTrainedModel, object]:
     """Dequantize a GGUF file through transformers, caching the result as safetensors."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     cached = _gguf_cache_dir(path, dtype)
     if (cached / _CACHE_COMPLETE).is_file():
         with _quiet_progress():  # a one-second load needs no progress bar

@@ -13,8 +13,8 @@ In this process, each measurement interleaved across variants (a busy machine sl
   chat prompts followed by the float32 greedy continuation.
 In fresh processes (`specdecode.native.probe`), after one discarded run that warms the disk cache:
 - TTFT: interpreter start and imports + load + prefill + first token, per configuration;
-- RSS: target + draft (--draft: 'truncated:N', the default model's first N layers, or a model path)
-  after a short speculative generation.
+- RSS: target + draft (--draft: 'bundled', the distilled draft shipped for the default model;
+  'truncated:N', the default model's first N layers; or a model path) after a short speculative generation.
 --quick (about 2 minutes on 2 idle cores) takes fewer repetitions and shorter runs; the default run takes
 about 10 minutes; --with-compile adds torch.compile (about 6 more minutes of compilation).
 """
@@ -380,7 +380,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                         help="wall time, or this thread's CPU time (needs --threads 1; steadier on a busy machine)")
-    parser.add_argument("--draft", default="truncated:2", help="draft for the RSS probe: truncated:N or a model path")
+    parser.add_argument("--draft", default="bundled",
+                        help="draft for the RSS probe: bundled (default), truncated:N or a model path")
     parser.add_argument("--no-probes", action="store_true", help="skip the fresh-process TTFT and RSS measurements")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     parser.add_argument("--markdown", type=Path, default=None, help="write the tables as markdown here")

@@ -84,6 +84,21 @@ class DualLinear(PackedLinear):
         return out if self.bias is None else out + self.bias
 
 
+class TransposedEmbedding(nn.Module):
+    """Token embedding looked up in a [hidden, vocab] table: the plain copy a tied DualLinear head keeps.
+
+    With it a tied model holds its embedding twice (packed head, plain transposed head) instead of
+    three times; the values are the same, so the outputs are unchanged.
+    """
+
+    def __init__(self, table_t: torch.Tensor) -> None:
+        super().__init__()
+        self.table_t = table_t  # [hidden, vocab], shared with the head
+
+    def forward(self, token_ids: torch.Tensor) -> torch.Tensor:  # [n] -> [n, hidden]
+        return self.table_t[:, token_ids].t().contiguous()
+
+
 def pack_linears(model: NativeTransformer, packing: str = "packed") -> NativeTransformer:
     """Replace every nn.Linear of the model (head included) by a PackedLinear or DualLinear, in place."""
     if packing not in ("packed", "dual"):
@@ -98,7 +113,9 @@ def pack_linears(model: NativeTransformer, packing: str = "packed") -> NativeTra
     for layer in model.layers:
         for name in ("qkv", "o", "gate_up", "down"):
             setattr(layer, name, cls(getattr(layer, name)))
-    model.lm_head = cls(model.lm_head)  # a packed copy when tied; the embedding keeps its own table
+    model.lm_head = cls(model.lm_head)  # a packed copy when tied
+    if model.config.tie_word_embeddings and isinstance(model.lm_head, DualLinear) and model.lm_head.transposed:
+        model.embed = TransposedEmbedding(model.lm_head.plain)  # the [vocab, hidden] table is freed
     return model
 
 

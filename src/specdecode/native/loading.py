@@ -20,13 +20,17 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from typing import TYPE_CHECKING
+
 from safetensors.torch import load_file, save_file
-from transformers import AutoConfig, AutoTokenizer, GenerationConfig, PreTrainedModel
 
 from specdecode.models.loading import DEFAULT_TARGET, LoadedModel, cache_root, default_gguf_path
 from specdecode.native.config import NativeConfig
 from specdecode.native.engine import DEFAULT_MAX_CACHE_LEN, NativeLM
-from specdecode.native.model import NativeTransformer
+from specdecode.native.model import NativeTransformer, skipped_initialization
+
+if TYPE_CHECKING:  # transformers is imported where it is used: its import costs seconds of start-up
+    from transformers import GenerationConfig, PreTrainedModel
 
 __all__ = [
     "NativeModelInfo",
@@ -61,11 +65,21 @@ _GGUF_BLOCK_NAMES = {
 
 @dataclass
 class NativeModelInfo:
-    """Stands in for `LoadedModel.hf_model`: its transformers config and generation_config (no weights, no generate)."""
+    """Stands in for `LoadedModel.hf_model`: its transformers config and generation_config (no weights, no generate).
 
-    config: object  # a transformers LlamaConfig / Qwen2Config / MistralConfig
+    hf_config None: `config` is made from native_config on first use (building a transformers
+    config imports its modeling utilities, seconds of start-up that generation never needs).
+    """
+
+    hf_config: object | None  # a transformers LlamaConfig / Qwen2Config / MistralConfig
     native_config: NativeConfig
     generation_config: GenerationConfig
+
+    @property
+    def config(self):
+        if self.hf_config is None:
+            self.hf_config = self.native_config.to_hf_config()
+        return self.hf_config
 
 
 # --------------------------------------------------------------------------- HF names -> native layout
@@ -111,7 +125,7 @@ def native_state_dict(hf_state: Mapping[str, torch.Tensor], config: NativeConfig
 
 def _build(config: NativeConfig, state: Mapping[str, torch.Tensor], dtype: torch.dtype) -> NativeTransformer:
     """A NativeTransformer holding `state` (native names), cast to dtype."""
-    with torch.device("meta"):
+    with torch.device("meta"), skipped_initialization():
         model = NativeTransformer(config, dtype)
     expected = {name: p.shape for name, p in model.named_parameters(remove_duplicate=True)}
     unexpected = sorted(set(state) - set(expected))
@@ -149,6 +163,8 @@ def native_from_hf_directory(path: str | os.PathLike, dtype: torch.dtype = torch
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"{path} has no *.safetensors weights")
+    from transformers import AutoConfig
+
     config = NativeConfig.from_hf_config(AutoConfig.from_pretrained(path, local_files_only=True))
     state: dict[str, torch.Tensor] = {}
     for file in files:
@@ -287,6 +303,8 @@ def _gguf_cache_dir(path: Path, dtype: torch.dtype) -> Path:
 
 
 def _gguf_tokenizer(path: Path):
+    from transformers import AutoTokenizer
+
     try:
         return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     except Exception as error:  # a GGUF file without (usable) tokenizer metadata
@@ -317,6 +335,8 @@ def native_from_gguf(
 
 def _cached_tokenizer(cached: Path, source: Path):
     """The tokenizer saved with a converted model; one converted with_tokenizer=False gets it added now."""
+    from transformers import AutoTokenizer
+
     if (cached / "tokenizer_config.json").is_file():
         return AutoTokenizer.from_pretrained(cached)
     marker = json.loads((cached / _CACHE_COMPLETE).read_text())
@@ -367,6 +387,8 @@ def _save_cache(
 
 
 def _generation_config(config: NativeConfig, directory: Path | None = None) -> GenerationConfig:
+    from transformers import GenerationConfig
+
     if directory is not None and (directory / "generation_config.json").is_file():
         return GenerationConfig.from_pretrained(directory)
     return GenerationConfig(eos_token_id=config.eos_token_id, bos_token_id=config.bos_token_id)
@@ -409,8 +431,10 @@ def load_native(
     if source == DEFAULT_TARGET or source.endswith(".gguf"):
         path = default_gguf_path() if source == DEFAULT_TARGET else Path(source)
         model, tokenizer = native_from_gguf(path, dtype)
-        info = NativeModelInfo(model.config.to_hf_config(), model.config, _generation_config(model.config))
+        info = NativeModelInfo(None, model.config, _generation_config(model.config))
     else:
+        from transformers import AutoConfig, AutoTokenizer
+
         directory = _local_directory(source)
         model = native_from_hf_directory(directory, dtype)
         try:

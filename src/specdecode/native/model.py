@@ -11,6 +11,9 @@ runs on the cache as it is (no repeat of keys and values).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -40,6 +43,21 @@ class KVCache:
 
     def nbytes(self) -> int:
         return self.storage.numel() * self.storage.element_size()
+
+
+@contextlib.contextmanager
+def skipped_initialization() -> Iterator[None]:
+    """Build nn.Linear / nn.Embedding without their random initialization (the weights are assigned next).
+
+    On the meta device the initialization does nothing, but its first call imports torch._dynamo,
+    which costs ~2 s of start-up.
+    """
+    saved = nn.Linear.reset_parameters, nn.Embedding.reset_parameters
+    nn.Linear.reset_parameters = nn.Embedding.reset_parameters = lambda self: None
+    try:
+        yield
+    finally:
+        nn.Linear.reset_parameters, nn.Embedding.reset_parameters = saved
 
 
 def _linear(in_features: int, out_features: int, bias: bool, dtype: torch.dtype, device) -> nn.Linear:

@@ -1,7 +1,7 @@
 """Fresh-process measurements for the bench: time to first token and resident memory (RSS).
 
     python -m specdecode.native.probe ttft [--backend native|hf] [--dtype float32|bfloat16] [--quantize none|int8]
-    python -m specdecode.native.probe rss [--draft truncated:2|PATH] [--dtype ...] [--quantize ...]
+    python -m specdecode.native.probe rss [--draft bundled|truncated:2|PATH] [--dtype ...] [--quantize ...]
 
 Each prints one JSON object on its last line. `bench.py` runs them in subprocesses (`run_probe`) so that
 nothing is loaded or warm in memory beforehand; only the disk cache (converted model, OS page
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from specdecode.models.loading import default_gguf_path, load_model
+from specdecode.models.loading import DEFAULT_TARGET, default_gguf_path, load_model
 from specdecode.native.loading import _build, load_native, native_from_gguf
 from specdecode.native.model import NativeTransformer
 
@@ -75,9 +75,14 @@ def truncated_draft(num_layers: int, dtype: torch.dtype) -> NativeTransformer:
 
 
 def load_draft(spec: str, dtype: torch.dtype, quantize: str):
-    """A NativeLM draft: 'truncated:N' (the default model's first N layers) or a path load_native takes."""
+    """A native draft: 'bundled' (the shipped distilled draft), 'truncated:N' (the default model's first N layers)
+    or a path load_native takes."""
     from specdecode.native.engine import NativeLM
 
+    if spec == "bundled":  # the distilled draft shipped for the default model
+        from specdecode.drafters.distilled import bundled_draft_dir, load_distilled
+
+        return load_distilled(bundled_draft_dir(DEFAULT_TARGET), max_cache_len=2048, dtype=dtype, quantize=quantize).model
     if spec.startswith("truncated:"):
         layers = spec.partition(":")[2]
         if not layers.isdigit():
@@ -122,7 +127,7 @@ def rss(args: argparse.Namespace) -> dict:
     result = generate(target.model, _chat_ids(target.tokenizer), drafter=ModelDrafter(draft), gamma=4,
                       max_new_tokens=args.new_tokens, sampling=SamplingParams(0.0))
     out.update(after_generate_mb=rss_mb(), peak_mb=peak_rss_mb(), alpha=result.stats.alpha,
-               packing=target.model.packing, draft_packing=draft.packing)
+               packing=target.model.packing, draft_packing=getattr(draft, "inner", draft).packing)
     return out
 
 
@@ -143,7 +148,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--backend", choices=("native", "hf"), default="native", help="ttft only")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     parser.add_argument("--quantize", choices=("none", "int8"), default="none")
-    parser.add_argument("--draft", default="truncated:2", help="rss only: 'truncated:N' or a model path")
+    parser.add_argument("--draft", default="bundled", help="rss only: 'bundled', 'truncated:N' or a model path")
     parser.add_argument("--new-tokens", type=int, default=32, help="rss only: speculative tokens generated")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--spawned-at", type=float, default=None, help="the parent's time.time() at spawn")
