@@ -454,3 +454,10 @@ def test_distilled_drafts_are_not_assistants_with_a_short_reason():
     for spec in ("bundled", "bundled+ngram"):
         draft, reason = load_assistant(spec, target_model=None)
         assert draft is None and "distilled draft" in reason and "huggingface.co" not in reason
+
+
+def test_default_drafts_are_the_bundled_model_draft_and_the_baselines():
+    from specdecode.bench.config import default_drafts
+
+    assert default_drafts() == ("bundled", "ngram", "unigram", "bigram")  # the default target ships a draft
+    assert default_drafts("some/other-model") == ("ngram", "unigram", "bigram")

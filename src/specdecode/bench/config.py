@@ -15,11 +15,15 @@ STATISTICAL_DRAFTS = ("unigram", "bigram")  # fitted by the bench itself (the pa
 PEERS = ("prompt-lookup", "assisted")  # Hugging Face generate(...) peers; plain generate is their baseline
 
 
-def default_drafts() -> tuple[str, ...]:
-    """The default draft (whatever `pipeline.DEFAULT_DRAFT` names today), prompt lookup, unigram and bigram."""
-    from specdecode.pipeline import DEFAULT_DRAFT
+def default_drafts(target: str = DEFAULT_TARGET) -> tuple[str, ...]:
+    """The target's bundled model draft (if it has one), the draft `--draft auto` resolves to today,
+    prompt lookup, unigram and bigram."""
+    from specdecode.drafters.distilled import bundled_draft_dir
+    from specdecode.pipeline import AUTO_DRAFT, DEFAULT_DRAFT
 
-    return _unique((DEFAULT_DRAFT, "ngram", *STATISTICAL_DRAFTS))
+    model = ("bundled",) if bundled_draft_dir(target) is not None else ()
+    default = AUTO_DRAFT if DEFAULT_DRAFT == "auto" else DEFAULT_DRAFT
+    return _unique((*model, default, "ngram", *STATISTICAL_DRAFTS))
 
 
 def _unique(items) -> tuple:
@@ -49,7 +53,7 @@ class BenchConfig:
     prompts: str
     out: Path
     target: str = DEFAULT_TARGET
-    drafts: tuple[str, ...] | None = None  # all swept over gammas; default: default_drafts()
+    drafts: tuple[str, ...] | None = None  # all swept over gammas; default: default_drafts(target)
     category_drafts: tuple[str, ...] | None = None  # also run on every prompt at `gamma`; default: drafts less unigram/bigram
     backend: str = "auto"
     gamma: int | None = None  # the gamma of the per-category table and of the peers
@@ -72,7 +76,7 @@ class BenchConfig:
         """A copy with every None filled in (from QUICK when quick) and the value lists cleaned up; validated."""
         preset = QUICK if self.quick else _DEFAULTS
         values = {k: (preset[k] if getattr(self, k) is None and k in preset else getattr(self, k)) for k in preset}
-        drafts = _unique(self.drafts) if self.drafts is not None else default_drafts()
+        drafts = _unique(self.drafts) if self.drafts is not None else default_drafts(self.target)
         category = (
             _unique(self.category_drafts)
             if self.category_drafts is not None

@@ -20,16 +20,16 @@ __all__ = ["DataConfig", "build_data"]
 class DataConfig:
     """What the target is asked and how much of it is kept."""
 
-    prompts_per_category: int = 24
+    prompts_per_category: int = 64
     prompt_file: str | None = None  # .jsonl prompts instead of the built-in ones
     max_new_tokens: int = 128
     max_prompt_tokens: int = 256
     sample_fraction: float = 0.5  # share of response batches sampled at temperature 1 (the rest greedy)
-    text_documents: int = 48  # natural-text documents (XSum articles), teacher-forced
+    text_documents: int = 600  # natural-text documents (XSum articles), teacher-forced
     text_file: str | None = None  # extra user text (.jsonl with "text", or blank-line separated)
     max_text_tokens: int = 384
     top_k: int = 32  # target log-probabilities kept per position
-    batch_size: int = 24
+    batch_size: int = 48
     seed: int = 0
 
     def __post_init__(self) -> None:

@@ -33,7 +33,7 @@ CHECKPOINT_FILE = "checkpoint.pt"
 
 @dataclass(frozen=True)
 class TrainConfig:
-    epochs: int = 16
+    epochs: int = 5
     batch_tokens: int = 2048  # padded tokens per optimiser step
     lr: float = 3e-3
     warmup_steps: int = 30
