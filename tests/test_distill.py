@@ -216,6 +216,9 @@ def test_saved_draft_round_trips_and_pairs_with_its_target(tmp_path):
     with torch.inference_mode():
         expected = model(ids, torch.arange(3), model.new_cache(8), last_only=True)[0]
     torch.testing.assert_close(loaded.model.prefill(ids)[:40], expected.to(torch.bfloat16).float(), atol=0.05, rtol=0.05)
+    in_bf16 = load_distilled(tmp_path, dtype=torch.bfloat16).model  # weights, activations and KV cache in bfloat16
+    torch.testing.assert_close(in_bf16.prefill(ids)[:40].float(), expected, atol=0.1, rtol=0.1)
+    assert in_bf16.extend(torch.tensor([8])).shape == (1, 64)
 
 
 def test_lookup_then_model_prefers_the_lookup_on_repeats_and_stays_greedy_exact(tmp_path):

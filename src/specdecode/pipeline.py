@@ -18,8 +18,9 @@ from specdecode.models.loading import DEFAULT_TARGET, LoadedModel
 __all__ = ["Pipeline", "StopStrings", "DEFAULT_DRAFT", "make_drafter"]
 
 DEFAULT_DRAFT = "auto"  # see AUTO_DRAFT
-# What 'auto' means. The bundled distilled draft (alpha ~0.13 on Spec-Bench, docs/benchmarks.md) still
-# slows decoding down, so prompt lookup stays the default until a draft beats it; 'bundled+ngram' opts in.
+# What 'auto' means. The bundled distilled draft (alpha ~0.24 on Spec-Bench, 0.76x at best; prompt lookup
+# 0.93-0.99x: docs/benchmarks.md) still slows decoding down on a CPU, so prompt lookup stays the default
+# until a draft beats it; 'bundled' or 'bundled+ngram' opts in.
 AUTO_DRAFT = "ngram"
 
 

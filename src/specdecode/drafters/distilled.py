@@ -45,15 +45,17 @@ WEIGHTS_FILE = "model.safetensors"
 _BUNDLED = {DEFAULT_TARGET: "smollm2_135m_instruct"}  # target -> folder in specdecode/drafts/
 
 
-def build_draft_transformer(config: NativeConfig, output_vocab_size: int) -> NativeTransformer:
-    """A NativeTransformer whose head scores output_vocab_size tokens (untied from the embedding)."""
+def build_draft_transformer(
+    config: NativeConfig, output_vocab_size: int, dtype: torch.dtype = torch.float32
+) -> NativeTransformer:
+    """A NativeTransformer in dtype whose head scores output_vocab_size tokens (untied from the embedding)."""
     if config.tie_word_embeddings:
         raise ValueError("a distilled draft has its own head: tie_word_embeddings must be False")
     if not 1 <= output_vocab_size <= config.vocab_size:
         raise ValueError(f"output_vocab_size must be in [1, {config.vocab_size}], got {output_vocab_size}")
-    model = NativeTransformer(config)
+    model = NativeTransformer(config, dtype)
     if output_vocab_size != config.vocab_size:
-        model.lm_head = nn.Linear(config.hidden_size, output_vocab_size, bias=False)
+        model.lm_head = nn.Linear(config.hidden_size, output_vocab_size, bias=False, dtype=dtype)
     return model
 
 
@@ -102,12 +104,12 @@ def load_draft_transformer(directory: str | Path, dtype: torch.dtype = torch.flo
     state = load_file(directory / WEIGHTS_FILE)
     output_ids = state.pop("output_ids").long()
     native = NativeConfig.from_dict(config["native_config"])
-    model = build_draft_transformer(native, output_ids.numel())
+    model = build_draft_transformer(native, output_ids.numel(), dtype)  # model.dtype sizes its KV cache
     model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=False)
     missing = {k for k, _ in model.named_parameters()} - set(state)
     if missing:
         raise ValueError(f"distilled draft {directory} lacks tensors {sorted(missing)[:5]}")
-    return model.to(dtype).eval().requires_grad_(False), output_ids, config
+    return model.eval().requires_grad_(False), output_ids, config
 
 
 class ReducedVocabLM:
