@@ -17,11 +17,10 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from typing import TYPE_CHECKING
-
 from safetensors.torch import load_file, save_file
 
 from specdecode.models.loading import DEFAULT_TARGET, LoadedModel, cache_root, default_gguf_path
