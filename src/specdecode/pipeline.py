@@ -24,6 +24,11 @@ DEFAULT_DRAFT = "auto"  # see AUTO_DRAFT
 AUTO_DRAFT = "ngram"
 
 
+def resolve_draft_name(spec: str) -> str:
+    """A draft name with 'auto' replaced by what it means today (AUTO_DRAFT); other names unchanged."""
+    return AUTO_DRAFT if spec == "auto" else spec
+
+
 class StopStrings:
     """Stop condition for the decoding loop: end once the decoded text contains any of `stops`."""
 
@@ -62,8 +67,7 @@ def make_drafter(spec: str | None, target: LoadedModel, backend: str = "auto") -
     """
     if spec is None or spec == "none":
         return None
-    if spec == "auto":
-        spec = AUTO_DRAFT
+    spec = resolve_draft_name(spec)
     if spec == "ngram":
         return PromptLookupDrafter()
     with_lookup = spec.endswith("+ngram")

@@ -19,11 +19,10 @@ def default_drafts(target: str = DEFAULT_TARGET) -> tuple[str, ...]:
     """The target's bundled model draft (if it has one), the draft `--draft auto` resolves to today,
     prompt lookup, unigram and bigram."""
     from specdecode.drafters.distilled import bundled_draft_dir
-    from specdecode.pipeline import AUTO_DRAFT, DEFAULT_DRAFT
+    from specdecode.pipeline import DEFAULT_DRAFT, resolve_draft_name
 
     model = ("bundled",) if bundled_draft_dir(target) is not None else ()
-    default = AUTO_DRAFT if DEFAULT_DRAFT == "auto" else DEFAULT_DRAFT
-    return _unique((*model, default, "ngram", *STATISTICAL_DRAFTS))
+    return _unique((*model, resolve_draft_name(DEFAULT_DRAFT), "ngram", *STATISTICAL_DRAFTS))
 
 
 def _unique(items) -> tuple:

@@ -91,9 +91,9 @@ def _quiet_transformers() -> Iterator[None]:
 def load_assistant(spec: str, target_model) -> tuple[object | None, str | None]:
     """(an HF draft model for assisted generation, None) or (None, why it cannot be one)."""
     from specdecode.drafters.distilled import is_distilled_draft
-    from specdecode.pipeline import AUTO_DRAFT
+    from specdecode.pipeline import resolve_draft_name
 
-    model_spec = (AUTO_DRAFT if spec == "auto" else spec).removesuffix("+ngram")
+    model_spec = resolve_draft_name(spec).removesuffix("+ngram")
     if model_spec == "bundled" or is_distilled_draft(model_spec):
         return None, (f"draft {spec!r} is a specdecode distilled draft (native engine only, reduced output "
                       "vocabulary); assisted generation needs a transformers model")
