@@ -449,6 +449,24 @@ def test_dual_packing_of_a_tied_model_looks_up_embeddings_in_the_heads_plain_cop
     assert isinstance(untied.embed, torch.nn.Embedding)
 
 
+
+@pytest.mark.parametrize("supported", [True, False], ids=["cpu-with-bf16", "cpu-without-bf16"])
+def test_bfloat16_packing_follows_what_the_cpu_supports(monkeypatch, supported: bool) -> None:
+    """oneDNN packs bfloat16 only with AVX512 / AVX-NE-CONVERT: 'auto' falls back to plain layers, 'packed' is refused."""
+    import specdecode.native.fast as fast
+
+    real = fast.packing_available
+    monkeypatch.setattr(fast, "packing_available",
+                        lambda dtype=torch.float32: (supported or dtype != torch.bfloat16) and real(torch.float32))
+    if not real(torch.bfloat16) and supported:
+        pytest.skip("this CPU cannot pack bfloat16 weights")
+    model = NativeLM(native_from_hf_model(MODELS["llama"], torch.bfloat16), max_cache_len=64)
+    assert model.packing == ("packed" if supported else "none")
+    assert model.prefill(torch.tensor([3, 4, 5])).isfinite().all()
+    if not supported:
+        with pytest.raises(ValueError, match="packing='packed'.*bfloat16"):
+            NativeLM(native_from_hf_model(MODELS["llama"], torch.bfloat16), packing="packed")
+
 # --------------------------------------------------------------------------- the real default model
 
 

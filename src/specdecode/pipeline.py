@@ -14,6 +14,7 @@ from specdecode.drafters.distilled import bundled_draft_dir, is_distilled_draft,
 from specdecode.models.compat import check_vocabularies
 from specdecode import backends
 from specdecode.models.loading import DEFAULT_TARGET, LoadedModel
+from specdecode.native.loading import NativeModelInfo
 
 __all__ = ["Pipeline", "StopStrings", "DEFAULT_DRAFT", "make_drafter"]
 
@@ -109,8 +110,11 @@ class Pipeline:
         return self.target.tokenizer
 
     def eos_token_ids(self) -> set[int]:
+        info = self.target.hf_model
+        # a NativeModelInfo answers without building a transformers GenerationConfig (seconds of imports)
+        generation_eos = info.eos_token_id if isinstance(info, NativeModelInfo) else info.generation_config.eos_token_id
         ids: set[int] = set()
-        for value in (self.target.hf_model.generation_config.eos_token_id, self.tokenizer.eos_token_id):
+        for value in (generation_eos, self.tokenizer.eos_token_id):
             if value is not None:
                 ids.update(value if isinstance(value, list) else [value])
         return ids

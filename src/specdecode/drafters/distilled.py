@@ -155,8 +155,7 @@ def load_distilled(
     directory: str | Path, max_cache_len: int = 4096, dtype: torch.dtype = torch.float32, **engine_options
 ) -> LoadedModel:
     """A distilled draft on the native engine, as a LoadedModel (hf_model holds its configs only)."""
-    from transformers import AutoTokenizer, GenerationConfig
-
+    from specdecode.models.tokenizer import load_saved_tokenizer
     from specdecode.native.loading import NativeModelInfo
 
     directory = Path(directory)
@@ -165,9 +164,8 @@ def load_distilled(
     engine: LanguageModel = NativeLM(model, name=name, max_cache_len=max_cache_len, **engine_options)
     if output_ids.numel() != model.config.vocab_size:
         engine = ReducedVocabLM(engine, output_ids, model.config.vocab_size)
-    tokenizer = AutoTokenizer.from_pretrained(directory) if (directory / "tokenizer_config.json").is_file() else None
-    native = model.config
-    info = NativeModelInfo(None, native, GenerationConfig(eos_token_id=native.eos_token_id))
+    tokenizer = load_saved_tokenizer(directory) if (directory / "tokenizer_config.json").is_file() else None
+    info = NativeModelInfo(None, model.config)
     return LoadedModel(engine, tokenizer, info, str(directory))
 
 

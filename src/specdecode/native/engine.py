@@ -45,7 +45,7 @@ def _apply_packing(model: NativeTransformer, packing: str, quantized: bool) -> s
             return current
         # float32: MKL's gemv beats oneDNN for one row, so keep both; bfloat16: oneDNN wins for any rows
         best = {torch.float32: "dual", torch.bfloat16: "packed"}.get(model.dtype, "none")
-        packing = best if model.device.type == "cpu" and packing_available() else "none"
+        packing = best if model.device.type == "cpu" and packing_available(model.dtype) else "none"
     if packing == current:
         return current
     if current != "none":
@@ -80,7 +80,8 @@ class NativeLM:
     window attention is full attention, so capping the context there keeps it exact.
     packing: 'none' (plain nn.Linear), 'packed' (weights prepacked for oneDNN: several rows cost little
     more than one), 'dual' (also a plain copy for single rows: fastest in float32, twice the weight
-    memory) or 'auto' (on a CPU with oneDNN: dual for float32, packed for bfloat16; else none); see
+    memory) or 'auto' (on a CPU with oneDNN: dual for float32, packed for bfloat16 where the CPU has
+    bfloat16 support; else none); see
     `specdecode.native.fast`. quantize: 'none' or 'int8' (weight-only int8 with per-channel scales,
     `specdecode.native.quant`; an int8 model is not packed). Both replace the model's layers in
     place. compile=True runs the model through torch.compile (minutes to start, not faster on CPU

@@ -28,8 +28,13 @@ __all__ = [
     "compiled_forward",
 ]
 
-def packing_available() -> bool:
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+def packing_available(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether oneDNN can pack linear weights of this dtype here (bfloat16 needs AVX512 or AVX-NE-CONVERT)."""
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return False
+    if dtype == torch.bfloat16:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return dtype == torch.float32
 
 
 class PackedLinear(nn.Module):
@@ -106,8 +111,9 @@ def pack_linears(model: NativeTransformer, packing: str = "packed") -> NativeTra
     cls = PackedLinear if packing == "packed" else DualLinear
     if current_packing(model) != "none":
         raise ValueError(f"the model is already packed as {current_packing(model)!r}")
-    if not packing_available():
-        raise RuntimeError("packed linear layers need PyTorch built with oneDNN (mkldnn)")
+    if not packing_available(model.dtype):
+        raise ValueError(f"packing={packing!r}: oneDNN cannot pack {model.dtype} weights on this CPU "
+                         "(PyTorch without oneDNN, or bfloat16 without AVX512 / AVX-NE-CONVERT); use packing='none'")
     if model.device.type != "cpu":
         raise ValueError(f"packed linear layers are CPU only; the model is on {model.device}")
     for layer in model.layers:

@@ -24,6 +24,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specdecode.models.loading import DEFAULT_TARGET, LoadedModel, cache_root, default_gguf_path
+from specdecode.models.tokenizer import load_saved_tokenizer
 from specdecode.native.config import NativeConfig
 from specdecode.native.engine import DEFAULT_MAX_CACHE_LEN, NativeLM
 from specdecode.native.model import NativeTransformer, skipped_initialization
@@ -66,19 +67,33 @@ _GGUF_BLOCK_NAMES = {
 class NativeModelInfo:
     """Stands in for `LoadedModel.hf_model`: its transformers config and generation_config (no weights, no generate).
 
-    hf_config None: `config` is made from native_config on first use (building a transformers
-    config imports its modeling utilities, seconds of start-up that generation never needs).
+    hf_config / hf_generation_config None: `config` / `generation_config` are made from
+    native_config on first use (importing transformers costs seconds of start-up that generation
+    never needs); `eos_token_id` answers without building either.
     """
 
     hf_config: object | None  # a transformers LlamaConfig / Qwen2Config / MistralConfig
     native_config: NativeConfig
-    generation_config: GenerationConfig
+    hf_generation_config: GenerationConfig | None = None
 
     @property
     def config(self):
         if self.hf_config is None:
             self.hf_config = self.native_config.to_hf_config()
         return self.hf_config
+
+    @property
+    def generation_config(self) -> GenerationConfig:
+        if self.hf_generation_config is None:
+            self.hf_generation_config = _generation_config(self.native_config)
+        return self.hf_generation_config
+
+    @property
+    def eos_token_id(self) -> int | list[int] | None:
+        """The generation config's eos_token_id (native_config's while none was loaded from a file)."""
+        if self.hf_generation_config is not None:
+            return self.hf_generation_config.eos_token_id
+        return self.native_config.eos_token_id
 
 
 # --------------------------------------------------------------------------- HF names -> native layout
@@ -334,10 +349,8 @@ def native_from_gguf(
 
 def _cached_tokenizer(cached: Path, source: Path):
     """The tokenizer saved with a converted model; one converted with_tokenizer=False gets it added now."""
-    from transformers import AutoTokenizer
-
     if (cached / "tokenizer_config.json").is_file():
-        return AutoTokenizer.from_pretrained(cached)
+        return load_saved_tokenizer(cached)  # a LeanTokenizer: no transformers import
     marker = json.loads((cached / _CACHE_COMPLETE).read_text())
     if marker.get("tokenizer") == "absent":
         return None  # the GGUF file has none
@@ -430,7 +443,7 @@ def load_native(
     if source == DEFAULT_TARGET or source.endswith(".gguf"):
         path = default_gguf_path() if source == DEFAULT_TARGET else Path(source)
         model, tokenizer = native_from_gguf(path, dtype)
-        info = NativeModelInfo(None, model.config, _generation_config(model.config))
+        info = NativeModelInfo(None, model.config)
     else:
         from transformers import AutoConfig, AutoTokenizer
 
