@@ -181,6 +181,29 @@ def test_native_lm_follows_the_protocol() -> None:
     assert model.num_generated == 3 and model.room() == 64 - len(PROMPTS[0]) - 3
 
 
+@pytest.mark.slow
+def test_compiled_model_matches_eager_and_compiles_three_graphs() -> None:
+    """compile=True: prefill, one-token and several-token calls each compile once for the whole model.
+
+    The forward must not break its graph (reading max(positions) from a tensor did), or every decoder
+    layer compiles on its own and a real model hits dynamo's recompile limit and runs eager.
+    """
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    eager, compiled = native(MODELS["llama"], packing="none"), native(MODELS["llama"], compile=True)
+    feeds = [[7], [1, 2, 3], [4], [5, 6], [8, 9, 10, 11], [12]]
+    for model in (eager, compiled):
+        model.prefill(torch.tensor(PROMPTS[1]))
+    for step, feed in enumerate(feeds):
+        ours, theirs = compiled.extend(torch.tensor(feed)), eager.extend(torch.tensor(feed))
+        torch.testing.assert_close(ours, theirs, atol=ATOL, rtol=0)
+        if step == 2:  # a rejection: both roll back one token
+            compiled.rollback(compiled.num_generated - 1), eager.rollback(eager.num_generated - 1)
+    assert counters["stats"]["unique_graphs"] == 3, dict(counters["stats"])
+
+
 # --------------------------------------------------------------------------- rollback
 
 

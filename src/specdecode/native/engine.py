@@ -136,8 +136,9 @@ class NativeLM:
         return self.max_length - self._prompt_length - self._num_generated
 
     def _run(self, token_ids: torch.Tensor, start: int, last_only: bool) -> torch.Tensor:
-        positions = torch.arange(start, start + token_ids.numel(), device=self.device)
-        logits = self._forward(token_ids.to(self.device), positions, self._cache, last_only=last_only)
+        end = start + token_ids.numel()  # within the cache: prefill and extend check the room first
+        positions = torch.arange(start, end, device=self.device)
+        logits = self._forward(token_ids.to(self.device), positions, self._cache, last_only=last_only, end=end)
         return logits.float()
 
     @torch.inference_mode()

@@ -157,17 +157,25 @@ class NativeTransformer(nn.Module):
         return KVCache(self.config, max_len, self.dtype, self.device)
 
     def forward(
-        self, token_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, last_only: bool = False
+        self,
+        token_ids: torch.Tensor,
+        positions: torch.Tensor,
+        cache: KVCache,
+        last_only: bool = False,
+        end: int | None = None,
     ) -> torch.Tensor:
         """Logits [n, V] (or [1, V] with last_only) for token_ids [n] at positions [n].
 
         Writes each token's keys and values into its position's cache slot; the token at
         position p attends to slots 0..p, which must hold the sequence's earlier tokens.
+        end: max(positions) + 1 when the caller knows it (NativeLM does), so that a compiled forward
+        does not break its graph to read it from the tensor; None checks and computes it here.
         """
-        low, high = (int(p) for p in torch.aminmax(positions))
-        end = high + 1
-        if end > cache.max_len or low < 0:
-            raise ValueError(f"positions must lie in [0, {cache.max_len}), got [{low}, {high}]")
+        if end is None:
+            low, high = (int(p) for p in torch.aminmax(positions))
+            end = high + 1
+            if end > cache.max_len or low < 0:
+                raise ValueError(f"positions must lie in [0, {cache.max_len}), got [{low}, {high}]")
         n = token_ids.shape[0]
         group = self.config.num_heads // self.config.num_kv_heads
         mask = None  # a single token attends to every slot up to its own
