@@ -49,6 +49,7 @@ def _bos_tokenizer() -> PreTrainedTokenizerFast:
         "    {% endif %}\n"
         "{{ m['role'] }} : {{ m['content'] | trim }}{{ eos_token }}\n"
         "{% endfor %}\n"
+        "{% if tools is not none %}{{ raise_exception('no tools were given') }}{% endif %}"
         "{% if add_generation_prompt %}assistant :{% endif %}{{ messages[-1] | tojson }}"
     )
     return tokenizer
@@ -110,8 +111,10 @@ def test_other_tokenizer_configs_go_to_transformers(tmp_path) -> None:
     directory = _saved(tiny_tokenizer(), tmp_path)
     config_path = directory / "tokenizer_config.json"
     config = json.loads(config_path.read_text())
-    config_path.write_text(json.dumps({**config, "add_bos_token": True}))  # transformers rewrites the post-processor
-    assert not lean_tokenizer_supported(directory)
+    for extra in ({"chat_template": [{"name": "default", "template": "x"}]},  # named templates
+                  {"add_bos_token": True}):  # transformers rewrites the post-processor for this
+        config_path.write_text(json.dumps({**config, **extra}))
+        assert not lean_tokenizer_supported(directory), extra
     assert not isinstance(load_saved_tokenizer(directory), LeanTokenizer)
     with pytest.raises(ValueError, match="generic fast tokenizer"):
         LeanTokenizer(directory)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import json
-import logging
 import os
 import shutil
 from collections.abc import Mapping, Sequence
@@ -27,8 +26,6 @@ from datetime import datetime
 from pathlib import Path
 
 __all__ = ["LeanTokenizer", "load_saved_tokenizer", "lean_tokenizer_supported"]
-
-logger = logging.getLogger(__name__)
 
 _GENERIC_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
 _SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
@@ -48,6 +45,8 @@ def lean_tokenizer_supported(directory: str | os.PathLike) -> bool:
     config = _read_config(directory)
     return (
         config.get("tokenizer_class") in _GENERIC_CLASSES
+        and isinstance(config.get("chat_template", ""), str)  # not a list of named templates
+        and not (directory / "additional_chat_templates").exists()
         and not config.get("clean_up_tokenization_spaces", False)  # a decode step transformers adds
         and not config.get("add_prefix_space")  # transformers may rewrite the pre-tokenizer for these
         and "add_bos_token" not in config  # ... and the post-processor for these
@@ -169,8 +168,8 @@ class LeanTokenizer:
             if not isinstance(message, Mapping):
                 raise TypeError(f"chat messages must be dicts, got {message!r}")
         messages = [dict(message) for message in conversation]
-        text = _compiled_template(self.chat_template).render(
-            messages=messages, add_generation_prompt=add_generation_prompt,
+        text = _compiled_template(self.chat_template).render(  # the variables transformers passes
+            messages=messages, tools=None, documents=None, add_generation_prompt=add_generation_prompt,
             **{**self.special_tokens_map, **template_kwargs},
         )
         if not tokenize:

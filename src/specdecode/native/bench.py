@@ -58,7 +58,7 @@ DESCRIPTIONS = {
     "eager": "native float32, plain `nn.Linear` (packing='none')",
     "packed": "native float32, oneDNN-packed weights (packing='packed')",
     "default": "native float32, `NativeLM` defaults (packing='auto': dual on CPU)",
-    "bf16": "native bfloat16 (packing='auto': packed)",
+    "bf16": "native bfloat16 (packing='auto': oneDNN-packed where the CPU has bfloat16 support, else plain)",
     "int8": "native float32, weight-only int8 (quantize='int8', bfloat16 matmul inputs)",
     "int8-bf16": "native bfloat16, weight-only int8",
     "compiled": "native float32, torch.compile (inductor, freezing)",
