@@ -32,18 +32,13 @@ _SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_toke
 _FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
 
 
-def _read_config(directory: Path) -> dict:
-    path = directory / "tokenizer_config.json"
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-
-
-def lean_tokenizer_supported(directory: str | os.PathLike) -> bool:
-    """Whether `directory` holds a generic fast tokenizer that `LeanTokenizer` reads exactly like transformers."""
-    directory = Path(directory)
-    if not (directory / "tokenizer.json").is_file() or not (directory / "tokenizer_config.json").is_file():
-        return False
-    config = _read_config(directory)
-    return (
+def _generic_config(directory: Path) -> dict | None:
+    """tokenizer_config.json of a generic fast tokenizer that `LeanTokenizer` reads exactly like transformers, else None."""
+    config_path = directory / "tokenizer_config.json"
+    if not (directory / "tokenizer.json").is_file() or not config_path.is_file():
+        return None
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    supported = (
         config.get("tokenizer_class") in _GENERIC_CLASSES
         and isinstance(config.get("chat_template", ""), str)  # not a list of named templates
         and not (directory / "additional_chat_templates").exists()
@@ -52,6 +47,12 @@ def lean_tokenizer_supported(directory: str | os.PathLike) -> bool:
         and "add_bos_token" not in config  # ... and the post-processor for these
         and "add_eos_token" not in config
     )
+    return config if supported else None
+
+
+def lean_tokenizer_supported(directory: str | os.PathLike) -> bool:
+    """Whether `directory` holds a generic fast tokenizer that `LeanTokenizer` reads exactly like transformers."""
+    return _generic_config(Path(directory)) is not None
 
 
 def load_saved_tokenizer(directory: str | os.PathLike):
@@ -108,10 +109,11 @@ class LeanTokenizer:
         from tokenizers import Tokenizer
 
         self.directory = Path(directory)
-        if not lean_tokenizer_supported(self.directory):
+        config = _generic_config(self.directory)
+        if config is None:
             raise ValueError(f"{self.directory} does not hold a generic fast tokenizer; use load_saved_tokenizer")
         self._tokenizer = Tokenizer.from_file(str(self.directory / "tokenizer.json"))
-        self.init_kwargs = _read_config(self.directory)
+        self.init_kwargs = config
         template_file = self.directory / "chat_template.jinja"
         self.chat_template: str | None = (
             template_file.read_text(encoding="utf-8") if template_file.is_file() else self.init_kwargs.get("chat_template")
