@@ -456,8 +456,9 @@ def test_distilled_drafts_are_not_assistants_with_a_short_reason():
         assert draft is None and "distilled draft" in reason and "huggingface.co" not in reason
 
 
-def test_default_drafts_are_the_bundled_model_draft_and_the_baselines():
+def test_default_drafts_are_the_bundled_model_draft_the_auto_draft_and_the_baselines():
     from specdecode.bench.config import default_drafts
 
-    assert default_drafts() == ("bundled", "ngram", "unigram", "bigram")  # the default target ships a draft
+    # the default target ships a draft, and 'auto' is it with prompt lookup on repeats
+    assert default_drafts() == ("bundled", "bundled+ngram", "ngram", "unigram", "bigram")
     assert default_drafts("some/other-model") == ("ngram", "unigram", "bigram")

@@ -7,6 +7,7 @@ import random
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from tiny_hf import WORDS, save_tiny_checkpoint, tiny_llama, tiny_tokenizer
 
 from specdecode.cli import main
@@ -15,7 +16,9 @@ from specdecode.decoding import generate
 from specdecode.distill import DataConfig, DraftArchitecture, TrainConfig, distill
 from specdecode.distill.sources import read_prompt_file, read_text_file
 from specdecode.distill.teacher import load_teacher
+from specdecode.distill.recipe import init_draft
 from specdecode.distill.train import draft_logits, make_batches
+from specdecode.distill.train import train as train_draft
 from specdecode.drafters import LookupThenModelDrafter, ModelDrafter
 from specdecode.drafters.distilled import (
     ReducedVocabLM,
@@ -25,6 +28,8 @@ from specdecode.drafters.distilled import (
     save_draft,
 )
 from specdecode.native.engine import NativeLM
+from specdecode.native.loading import native_from_hf_model
+from specdecode.native.quant import Int8Embedding, quantize_per_channel
 from specdecode.pipeline import make_drafter
 
 ARCH = DraftArchitecture(layers=1, hidden=32, heads=2, kv_heads=1, intermediate=64, output_vocab=40)
@@ -168,6 +173,9 @@ def test_evaluation_prompts_are_refused(tmp_path):
         (["--hidden", "30", "--heads", "4"], "hidden"),
         (["--sample-fraction", "2"], "sample_fraction"),
         (["--lr", "-1"], "lr must be"),
+        (["--target-layers", "0,1", "--layers", "2"], "--target-layers takes the target's shape; drop --layers"),
+        (["--target-layers", "1,0"], "target_layers must be increasing"),
+        (["--target-layers", "0,x"], "comma-separated layer indices"),
     ],
 )
 def test_cli_rejects_bad_settings(argv, message, tmp_path, capsys):
@@ -185,6 +193,58 @@ def test_cli_distills_a_tiny_target(tiny_target, tmp_path, capsys):
     assert main(argv) == 0
     assert "alpha_greedy" in capsys.readouterr().out
     assert load_draft_transformer(tmp_path / "draft")[1].numel() == 64  # output_vocab 0: the whole vocabulary
+
+
+def _forward(model, ids):
+    with torch.inference_mode():
+        return model(ids, torch.arange(len(ids)), model.new_cache(32))
+
+
+def test_a_draft_cut_from_all_target_layers_is_the_target_with_an_int8_embedding():
+    hf_target = tiny_llama(layers=2)
+    target = native_from_hf_model(hf_target, torch.float32)
+    output_ids = torch.arange(3, 64, 2)  # 31 head rows
+    arch = DraftArchitecture(output_vocab=len(output_ids), target_layers=(0, 1))
+    draft = init_draft(arch, hf_target.config, None, output_ids, seed=0, target=target)
+    assert draft.config.num_layers == 2 and draft.config.hidden_size == 32 and draft.lm_head.weight.shape == (31, 32)
+    qweight, scales = quantize_per_channel(target.embed.weight)
+    reference = native_from_hf_model(hf_target, torch.float32)
+    reference.embed.weight.copy_(qweight.float() * scales[:, None])
+    ids = torch.tensor([5, 9, 11, 4, 30])
+    torch.testing.assert_close(_forward(draft, ids), _forward(reference, ids)[:, output_ids], atol=1e-5, rtol=1e-5)
+    assert (draft.embed.weight - target.embed.weight).abs().max() < 0.01  # int8 of a 0.3-scale table
+    only_second = init_draft(DraftArchitecture(output_vocab=0, target_layers=(1,)), hf_target.config, None,
+                             torch.arange(64), seed=0, target=target)
+    assert torch.equal(only_second.layers[0].qkv.weight, target.layers[1].qkv.weight)
+    with pytest.raises(ValueError, match="the target has 2 layers"):
+        DraftArchitecture(target_layers=(0, 2)).native_config(hf_target.config)
+    with pytest.raises(ValueError, match="needs the target's weights"):
+        init_draft(arch, hf_target.config, None, output_ids, seed=0)
+
+
+def test_distilling_a_draft_cut_from_the_target_keeps_its_embedding_and_stores_it_in_int8(tiny_target, tmp_path):
+    target, prompts = tiny_target
+    arch = DraftArchitecture(output_vocab=40, target_layers=(1,))
+    train = TrainConfig(epochs=2, batch_tokens=256, checkpoint_every=50, lr=1e-2, warmup_steps=2)
+    report = distill(str(target), tmp_path, _data(prompts), arch, train, held_out=0.25)
+    assert report["architecture"]["target_layers"] == (1,)
+    init = torch.load(tmp_path / "init.pt", weights_only=True)["model"]
+    trained, _, config = load_draft_transformer(tmp_path / "draft")
+    stored = load_file(tmp_path / "draft" / "model.safetensors")
+    assert stored["embed.qweight"].dtype == torch.int8 and "embed.weight" not in stored
+    assert isinstance(trained.embed, Int8Embedding)  # kept in int8 at run time too
+    torch.testing.assert_close(trained.embed.dequantized(), init["embed.weight"], atol=1e-6, rtol=1e-6)  # frozen
+    assert not torch.allclose(trained.layers[0].qkv.weight, init["layers.0.qkv.weight"].to(torch.bfloat16).float())
+    assert config["native_config"]["num_layers"] == 1
+    assert "Cut from the target: its decoder layers 1" in (tmp_path / "draft" / "README.md").read_text()
+    assert load_distilled(tmp_path / "draft").model.prefill(torch.tensor([5, 6, 7])).shape == (64,)
+
+
+def test_training_refuses_unknown_frozen_parameters(tmp_path):
+    from specdecode.distill.teacher import TeacherData
+
+    with pytest.raises(ValueError, match="frozen names parameters"):
+        train_draft(_native_draft(), TeacherData(), torch.arange(64), TrainConfig(epochs=1), tmp_path, frozen=("nope",))
 
 
 def test_reduced_vocab_lm_is_minus_infinity_outside_the_head():
@@ -251,6 +311,16 @@ def test_bundled_name_without_a_bundled_draft_is_refused(tmp_path):
     assert make_drafter("auto", target).name.startswith("ngram")  # no bundled draft: prompt lookup
 
 
+def test_auto_is_the_bundled_draft_with_prompt_lookup_at_gamma_one_where_there_is_one():
+    from specdecode.models.loading import DEFAULT_TARGET
+    from specdecode.pipeline import default_gamma, resolve_draft_name
+
+    assert resolve_draft_name("auto", DEFAULT_TARGET) == "bundled+ngram"
+    assert resolve_draft_name("auto", "some/other-model") == "ngram"
+    assert resolve_draft_name("bundled") == "bundled"
+    assert default_gamma("auto") == 1 and default_gamma("ngram") == 4 and default_gamma("bundled") == 4
+
+
 @pytest.mark.real_model
 def test_bundled_draft_loads_and_shares_the_default_targets_tokenizer():
     from specdecode.backends import load
@@ -264,7 +334,7 @@ def test_bundled_draft_loads_and_shares_the_default_targets_tokenizer():
     draft = load_distilled(path)
     check_vocabularies(target.tokenizer, draft.tokenizer, target.model.vocab_size, draft.model.vocab_size)
     assert draft.model.vocab_size == target.model.vocab_size
-    drafter = make_drafter("bundled+ngram", target)
+    drafter = make_drafter("auto", target)  # the default: 'bundled+ngram'
     assert isinstance(drafter, LookupThenModelDrafter) and isinstance(drafter.model, ModelDrafter)
     ids = target.tokenizer("The capital of France is")["input_ids"]
     logits = draft.model.prefill(torch.tensor(ids))

@@ -20,6 +20,7 @@ from specdecode.core.sampling import SamplingParams
 from specdecode.decoding import generate
 from specdecode.drafters import BigramDrafter, LookupThenModelDrafter, ModelDrafter, PromptLookupDrafter, UnigramDrafter
 from specdecode.drafters.distilled import ReducedVocabLM, build_draft_transformer
+from specdecode.native.quant import Int8Embedding, quantize_per_channel
 from specdecode.native.config import NativeConfig
 from specdecode.native.engine import NativeLM
 
@@ -68,8 +69,11 @@ def _reduced_table_draft(vocab: int, head: list[int]) -> ModelDrafter:
     return ModelDrafter(ReducedVocabLM(narrow, torch.tensor(head), vocab))
 
 
-def _distilled_draft(vocab: int, head: list[int]) -> ModelDrafter:
-    """A random distilled-draft transformer on the native engine, reduced head, as `specdecode distill` builds it."""
+def _distilled_draft(vocab: int, head: list[int], int8_embedding: bool = False) -> ModelDrafter:
+    """A random distilled-draft transformer on the native engine, reduced head, as `specdecode distill` builds it.
+
+    int8_embedding: its embedding an int8 table, as a draft cut from the target (--target-layers) runs it.
+    """
     config = NativeConfig(vocab_size=vocab, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2,
                           num_kv_heads=1, head_dim=8, max_position_embeddings=64)
     torch.manual_seed(3)
@@ -77,6 +81,8 @@ def _distilled_draft(vocab: int, head: list[int]) -> ModelDrafter:
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0.0, 0.5)
+    if int8_embedding:
+        model.embed = Int8Embedding(*quantize_per_channel(model.embed.weight), torch.float32)
     return ModelDrafter(ReducedVocabLM(NativeLM(model, max_cache_len=64), torch.tensor(head), vocab))
 
 
@@ -100,6 +106,9 @@ CASES = {
     "reduced-vocabulary draft": (dict(), lambda v: _reduced_table_draft(v, [1, 3, 4, 6]), SamplingParams(1.0), 8, 3, 2),
     "distilled draft (native, reduced head)": (
         dict(), lambda v: _distilled_draft(v, [0, 2, 3, 5, 7]), SamplingParams(0.8), 8, 3, 3
+    ),
+    "draft cut from a target (int8 embedding)": (
+        dict(), lambda v: _distilled_draft(v, [1, 2, 4, 5, 6], int8_embedding=True), SamplingParams(1.0), 8, 3, 2
     ),
     "lookup then model": (
         dict(), lambda v: LookupThenModelDrafter(_draft(v), min_match=2, max_match=3), SamplingParams(1.0), 3, 6, 3

@@ -16,18 +16,29 @@ from specdecode import backends
 from specdecode.models.loading import DEFAULT_TARGET, LoadedModel
 from specdecode.native.loading import NativeModelInfo
 
-__all__ = ["Pipeline", "StopStrings", "DEFAULT_DRAFT", "make_drafter"]
+__all__ = ["Pipeline", "StopStrings", "DEFAULT_DRAFT", "make_drafter", "resolve_draft_name", "default_gamma"]
 
 DEFAULT_DRAFT = "auto"  # see AUTO_DRAFT
-# What 'auto' means. The bundled distilled draft (alpha ~0.24 on Spec-Bench, 0.76x at best; prompt lookup
-# 0.93-0.99x: docs/benchmarks.md) still slows decoding down on a CPU, so prompt lookup stays the default
-# until a draft beats it; 'bundled' or 'bundled+ngram' opts in.
-AUTO_DRAFT = "ngram"
+# What 'auto' means: the target's bundled distilled draft, with prompt lookup wherever the context repeats,
+# one draft token per target call. On Spec-Bench on a 2-core CPU that is the best measured pair (1.19x at
+# T=0, 1.16x at T=1 over the target alone; prompt lookup alone 1.10x / 1.05x; docs/benchmarks.md). A target
+# without a bundled draft gets prompt lookup alone.
+AUTO_DRAFT = "bundled+ngram"
+AUTO_DRAFT_WITHOUT_BUNDLED = "ngram"
+AUTO_GAMMA = 1  # --gamma when not given with the 'auto' draft
+DEFAULT_GAMMA = 4  # --gamma when not given with any other draft
 
 
-def resolve_draft_name(spec: str) -> str:
-    """A draft name with 'auto' replaced by what it means today (AUTO_DRAFT); other names unchanged."""
-    return AUTO_DRAFT if spec == "auto" else spec
+def resolve_draft_name(spec: str, target: str = DEFAULT_TARGET) -> str:
+    """A draft name with 'auto' replaced by what it means today for `target`; other names unchanged."""
+    if spec != "auto":
+        return spec
+    return AUTO_DRAFT if bundled_draft_dir(target) is not None else AUTO_DRAFT_WITHOUT_BUNDLED
+
+
+def default_gamma(draft: str | None) -> int:
+    """The gamma used when none is given: AUTO_GAMMA for the 'auto' draft, DEFAULT_GAMMA otherwise."""
+    return AUTO_GAMMA if draft == "auto" else DEFAULT_GAMMA
 
 
 class StopStrings:
@@ -61,14 +72,14 @@ class StopStrings:
 def make_drafter(spec: str | None, target: LoadedModel, backend: str = "auto") -> Drafter | None:
     """A drafter from its CLI name.
 
-    'auto' (default): AUTO_DRAFT, today 'ngram';
+    'auto' (default): AUTO_DRAFT, 'bundled+ngram' (or 'ngram' when the target has no bundled draft);
     'ngram': prompt lookup; 'none': the target alone; 'bundled': the distilled draft shipped for the target;
     a path or id: a draft model (a `specdecode distill` output directory, a GGUF file or an HF model);
     'X+ngram': draft X, but prompt lookup wherever the context repeats (a match of >= 3 tokens).
     """
     if spec is None or spec == "none":
         return None
-    spec = resolve_draft_name(spec)
+    spec = resolve_draft_name(spec, target.source)
     if spec == "ngram":
         return PromptLookupDrafter()
     with_lookup = spec.endswith("+ngram")
@@ -97,13 +108,17 @@ class Pipeline:
 
     @classmethod
     def load(
-        cls, target: str = DEFAULT_TARGET, draft: str | None = DEFAULT_DRAFT, gamma: int = 4, backend: str = "auto"
+        cls, target: str = DEFAULT_TARGET, draft: str | None = DEFAULT_DRAFT, gamma: int | None = None,
+        backend: str = "auto",
     ) -> "Pipeline":
-        """Load target and draft on `backend` ('auto': the native engine where it supports the model, else HF)."""
+        """Load target and draft on `backend` ('auto': the native engine where it supports the model, else HF).
+
+        gamma None: default_gamma(draft).
+        """
         loaded = backends.load(target, backend)
         if loaded.tokenizer is None:
             raise ValueError(f"target: {target} has no tokenizer, so it cannot take text prompts")
-        return cls(loaded, make_drafter(draft, loaded, backend), gamma)
+        return cls(loaded, make_drafter(draft, loaded, backend), default_gamma(draft) if gamma is None else gamma)
 
     @property
     def tokenizer(self):

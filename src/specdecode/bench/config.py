@@ -22,7 +22,7 @@ def default_drafts(target: str = DEFAULT_TARGET) -> tuple[str, ...]:
     from specdecode.pipeline import DEFAULT_DRAFT, resolve_draft_name
 
     model = ("bundled",) if bundled_draft_dir(target) is not None else ()
-    return _unique((*model, resolve_draft_name(DEFAULT_DRAFT), "ngram", *STATISTICAL_DRAFTS))
+    return _unique((*model, resolve_draft_name(DEFAULT_DRAFT, target), "ngram", *STATISTICAL_DRAFTS))
 
 
 def _unique(items) -> tuple:

@@ -25,10 +25,7 @@ distributions, for speculative decoding with `specdecode generate --draft <this 
 Its q is exactly zero outside its output vocabulary, so verification stays exact.
 
 ## Architecture
-{arch['layers']} layers, hidden {arch['hidden']}, {arch['heads']} heads ({arch['kv_heads']} key/value), SwiGLU {arch['intermediate']},
-RoPE as the target; input embeddings over the target's whole vocabulary, head over {vocab} most likely
-target tokens; {report['parameters']:,} parameters, stored in bfloat16, run in float32.
-Initialised from the target's token embeddings (PCA to the draft's width): {arch['init_from_target']}.
+{_architecture(arch, report['parameters'], vocab)}
 
 ## Data
 The target's own responses (chat template; {data['sample_fraction']:.0%} of batches sampled at temperature 1, the rest greedy,
@@ -40,7 +37,7 @@ Never the evaluation prompts (`spec_bench_dev.jsonl`). {report['train_sequences'
 ## Training
 Forward KL to the target's top-k distribution (restricted to the head's vocabulary), AdamW lr {training['lr']},
 {training['epochs']} epochs of {training['batch_tokens']}-token batches, warm-up {training['warmup_steps']} steps then cosine decay.
-Data {report['data_seconds'] / 60:.0f} min, training {report['train_seconds'] / 60:.0f} min on the machine that built it.
+{_timing(report)}
 
     {report['command']}
 
@@ -52,3 +49,23 @@ sum min(p, q) over the target's top-{data['top_k']} tokens (a lower bound); cove
 |---|---|---|---|---|
 {rows}
 """
+
+
+def _architecture(arch: dict, parameters: int, vocab) -> str:
+    if arch.get("target_layers"):
+        layers = ", ".join(map(str, arch["target_layers"]))
+        return (f"Cut from the target: its decoder layers {layers} (same width, heads and MLP), its token embeddings\n"
+                f"(kept frozen, stored in int8 per row), its final norm, and a head made of the target's output rows for\n"
+                f"the {vocab} most likely target tokens; all but the embeddings then distilled.\n"
+                f"{parameters:,} parameters, stored in bfloat16 (embeddings int8), run in float32.")
+    return (f"{arch['layers']} layers, hidden {arch['hidden']}, {arch['heads']} heads ({arch['kv_heads']} key/value), "
+            f"SwiGLU {arch['intermediate']},\nRoPE as the target; input embeddings over the target's whole vocabulary, "
+            f"head over {vocab} most likely\ntarget tokens; {parameters:,} parameters, stored in bfloat16, run in float32.\n"
+            f"Initialised from the target's token embeddings (PCA to the draft's width): {arch['init_from_target']}.")
+
+
+def _timing(report: dict) -> str:
+    training = f"training {report['train_seconds'] / 60:.0f} min on the machine that built it."
+    if report["data_seconds"] < 60:  # a rerun that found every shard in place
+        return f"The data was already in the work directory; {training}"
+    return f"Data {report['data_seconds'] / 60:.0f} min, {training}"

@@ -20,6 +20,17 @@ _DEFAULTS = {**{f.name: f.default for f in fields(DataConfig)}, **{f.name: f.def
              **{f.name: f.default for f in fields(TrainConfig)}}
 
 
+_SHAPE = ("layers", "hidden", "heads", "kv_heads", "intermediate")
+
+
+def _layer_list(text: str) -> tuple[int, ...]:
+    """'0,1,2' -> (0, 1, 2)."""
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated layer indices like 0,1,2, got {text!r}") from None
+
+
 def add_parser(commands) -> argparse.ArgumentParser:
     parser = commands.add_parser(
         "distill",
@@ -39,11 +50,11 @@ def add_parser(commands) -> argparse.ArgumentParser:
     data.add_argument("--top-k", type=int, default=_DEFAULTS["top_k"], help="target log-probabilities kept per position")
     data.add_argument("--data-batch-size", type=int, default=_DEFAULTS["batch_size"], help="prompts per batched generate call")
     arch = parser.add_argument_group("draft architecture")
-    arch.add_argument("--layers", type=int, default=_DEFAULTS["layers"])
-    arch.add_argument("--hidden", type=int, default=_DEFAULTS["hidden"])
-    arch.add_argument("--heads", type=int, default=_DEFAULTS["heads"])
-    arch.add_argument("--kv-heads", type=int, default=_DEFAULTS["kv_heads"])
-    arch.add_argument("--intermediate", type=int, default=_DEFAULTS["intermediate"])
+    for name in _SHAPE:  # None = the default; with --target-layers the shape is the target's
+        arch.add_argument("--" + name.replace("_", "-"), type=int, help=f"default {_DEFAULTS[name]}")
+    arch.add_argument("--target-layers", type=_layer_list, default=(),
+                      help="cut the draft from these target layers, e.g. 0,1,2: the target's shape, embeddings "
+                      "(frozen, stored in int8), final norm and head rows, then distilled (instead of --layers ...)")
     arch.add_argument("--output-vocab", type=int, default=_DEFAULTS["output_vocab"],
                       help="head over the N most likely target tokens (q = 0 elsewhere); 0 = whole vocabulary")
     arch.add_argument("--init-from-target", action=argparse.BooleanOptionalAction, default=_DEFAULTS["init_from_target"],
@@ -65,9 +76,11 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             sample_fraction=args.sample_fraction, text_documents=args.text_documents, text_file=args.text_file,
             top_k=args.top_k, batch_size=args.data_batch_size, seed=args.seed,
         )
+        shape = {name: getattr(args, name) for name in _SHAPE if getattr(args, name) is not None}
+        if args.target_layers and shape:
+            raise ValueError(f"--target-layers takes the target's shape; drop {', '.join('--' + n.replace('_', '-') for n in shape)}")
         architecture = DraftArchitecture(
-            layers=args.layers, hidden=args.hidden, heads=args.heads, kv_heads=args.kv_heads,
-            intermediate=args.intermediate, output_vocab=args.output_vocab, init_from_target=args.init_from_target,
+            **shape, output_vocab=args.output_vocab, init_from_target=args.init_from_target, target_layers=args.target_layers
         )
         training = TrainConfig(epochs=args.epochs, batch_tokens=args.batch_tokens, lr=args.lr,
                                checkpoint_every=args.checkpoint_every, seed=args.seed)

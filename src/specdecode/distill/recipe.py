@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import random
@@ -19,14 +20,16 @@ from pathlib import Path
 import torch
 
 from specdecode.distill.data import DataConfig, build_data
-from specdecode.distill.teacher import TeacherData, load_teacher
+from specdecode.distill.teacher import TeacherData, eos_ids, load_teacher
 from specdecode.distill.card import model_card
 from specdecode.distill.train import TrainConfig, evaluate, train
 from specdecode.drafters.distilled import build_draft_transformer, save_draft
 from specdecode.native.config import NativeConfig
+from specdecode.native.loading import native_from_hf_model
 from specdecode.native.model import NativeTransformer
+from specdecode.native.quant import quantize_per_channel
 
-__all__ = ["DraftArchitecture", "distill", "choose_output_ids", "split_held_out", "init_draft"]
+__all__ = ["DraftArchitecture", "distill", "choose_output_ids", "split_held_out", "init_draft", "frozen_parameters"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,8 +45,16 @@ class DraftArchitecture:
     intermediate: int = 768
     output_vocab: int = 8192
     init_from_target: bool = True  # embeddings and head from a PCA of the target's token embeddings
+    # copies of these target decoder layers instead of a fresh stack: the draft then has the target's
+    # shape (the fields above except output_vocab are not used), its embeddings (frozen), final norm and head rows
+    target_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "target_layers", tuple(self.target_layers))  # a list from JSON or the CLI
+        if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in self.target_layers) or list(
+            self.target_layers
+        ) != sorted(set(self.target_layers)):
+            raise ValueError(f"target_layers must be increasing layer indices >= 0, got {list(self.target_layers)}")
         for name in ("layers", "hidden", "heads", "kv_heads", "intermediate"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -56,7 +67,15 @@ class DraftArchitecture:
             raise ValueError(f"output_vocab must be >= 0 (0 = the whole vocabulary), got {self.output_vocab}")
 
     def native_config(self, target_config) -> NativeConfig:
-        """The draft's NativeConfig: this shape, with the target's vocabulary, RoPE base, context and special tokens."""
+        """The draft's NativeConfig: this shape, with the target's vocabulary, RoPE base, context and special tokens.
+
+        With target_layers: the target's own config, cut to those layers, with an untied head.
+        """
+        if self.target_layers:
+            config = NativeConfig.from_hf_config(target_config)
+            if self.target_layers[-1] >= config.num_layers:
+                raise ValueError(f"target_layers {list(self.target_layers)}: the target has {config.num_layers} layers")
+            return dataclasses.replace(config, num_layers=len(self.target_layers), tie_word_embeddings=False)
         rope = dict(getattr(target_config, "rope_parameters", None) or {})
         return NativeConfig(
             vocab_size=target_config.vocab_size,
@@ -99,10 +118,17 @@ def choose_output_ids(data: TeacherData, size: int, vocab_size: int, always: lis
 
 
 def init_draft(architecture: DraftArchitecture, target_config, target_embedding: torch.Tensor | None,
-               output_ids: torch.Tensor, seed: int) -> NativeTransformer:
-    """A fresh draft; with init_from_target its embeddings (and head rows) are the target's projected by PCA."""
+               output_ids: torch.Tensor, seed: int, target: NativeTransformer | None = None) -> NativeTransformer:
+    """A fresh draft; with init_from_target its embeddings (and head rows) are the target's projected by PCA.
+
+    With architecture.target_layers it is cut from `target` (the target on the native engine) instead.
+    """
     torch.manual_seed(seed)
     model = build_draft_transformer(architecture.native_config(target_config), output_ids.numel())
+    if architecture.target_layers:
+        if target is None:
+            raise ValueError("target_layers needs the target's weights (target=)")
+        return _cut_from_target(model, target, architecture.target_layers, output_ids)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() >= 2:
@@ -117,6 +143,28 @@ def init_draft(architecture: DraftArchitecture, target_config, target_embedding:
             model.embed.weight.copy_(projected * 0.2)
             model.lm_head.weight.copy_(projected[output_ids] * 0.02)  # the head starts near uniform
     return model
+
+
+def _cut_from_target(model: NativeTransformer, target: NativeTransformer, layers: tuple[int, ...],
+                     output_ids: torch.Tensor) -> NativeTransformer:
+    """Copy the target's embeddings, the chosen decoder layers, its final norm and the head rows of output_ids.
+
+    The embedding goes through int8 (per row) first, as the draft stores it (`save_draft`): training sees
+    exactly the table the saved draft will have.
+    """
+    with torch.no_grad():
+        qweight, scales = quantize_per_channel(target.embed.weight)
+        model.embed.weight.copy_(qweight.float() * scales[:, None])
+        for draft_layer, index in zip(model.layers, layers):
+            draft_layer.load_state_dict(target.layers[index].state_dict())
+        model.norm.weight.copy_(target.norm.weight)
+        model.lm_head.weight.copy_(target.lm_head.weight[output_ids])
+    return model
+
+
+def frozen_parameters(architecture: DraftArchitecture) -> tuple[str, ...]:
+    """Parameters training leaves alone: the target's own embeddings when the draft is cut from the target."""
+    return ("embed.weight",) if architecture.target_layers else ()
 
 
 def distill(
@@ -147,7 +195,7 @@ def distill(
 
     data = load_teacher(out)
     train_data, eval_data = split_held_out(data, held_out, data_config.seed)
-    eos = _as_list(loaded.hf_model.generation_config.eos_token_id) + _as_list(tokenizer.eos_token_id)
+    eos = sorted(eos_ids(loaded.hf_model, tokenizer))
     init_path = out / "init.pt"
     if init_path.is_file():  # resuming: the same start, whatever the RNG did since
         init = torch.load(init_path, weights_only=True)
@@ -155,16 +203,19 @@ def distill(
         model = build_draft_transformer(architecture.native_config(hf_config), output_ids.numel())
         model.load_state_dict(init["model"])
     else:
-        output_ids = choose_output_ids(train_data, architecture.output_vocab, vocab_size, [int(e) for e in eos])
+        output_ids = choose_output_ids(train_data, architecture.output_vocab, vocab_size, eos)
         embedding = loaded.hf_model.get_input_embeddings().weight.detach()
-        model = init_draft(architecture, hf_config, embedding, output_ids, train_config.seed)
+        native_target = native_from_hf_model(loaded.hf_model, torch.float32) if architecture.target_layers else None
+        model = init_draft(architecture, hf_config, embedding, output_ids, train_config.seed, native_target)
+        del native_target
         torch.save({"model": model.state_dict(), "output_ids": output_ids}, init_path)
     del loaded  # the target is not needed any more
 
     output_index = torch.full((vocab_size,), -1, dtype=torch.long)
     output_index[output_ids] = torch.arange(output_ids.numel())
     train_started = time.perf_counter()
-    train(model, train_data, output_index, train_config, out)
+    frozen = frozen_parameters(architecture)
+    train(model, train_data, output_index, train_config, out, frozen=frozen)
     report = {
         "target": target,
         "command": command or f"specdecode distill --target {target} --out DIR",
@@ -179,13 +230,8 @@ def distill(
         "architecture": asdict(architecture),
         "training": asdict(train_config),
     }
-    save_draft(out / "draft", model, output_ids, target, tokenizer, report)
+    save_draft(out / "draft", model, output_ids, target, tokenizer, report, int8_embedding="embed.weight" in frozen)
     (out / "draft" / "README.md").write_text(model_card(report))
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
 
-
-def _as_list(value) -> list:
-    if value is None:
-        return []
-    return list(value) if isinstance(value, (list, tuple)) else [value]

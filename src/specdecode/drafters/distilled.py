@@ -2,7 +2,8 @@
 
 A draft directory holds
     draft_config.json   format tag, the NativeConfig, output vocabulary size, target, training report
-    model.safetensors   weights (stored in bfloat16 to keep the package small; run in float32)
+    model.safetensors   weights (stored in bfloat16 to keep the package small; run in float32), the
+                        embedding optionally as int8 `embed.qweight` [V, hidden] with float32 `embed.scales` [V],
                         and `output_ids` [K]: the target token ids the head predicts
     tokenizer files     the target's tokenizer (so the pair is checked like any other draft)
     README.md           the model card
@@ -26,7 +27,8 @@ from specdecode.models.base import LanguageModel
 from specdecode.models.loading import DEFAULT_TARGET, LoadedModel
 from specdecode.native.config import NativeConfig
 from specdecode.native.engine import NativeLM
-from specdecode.native.model import NativeTransformer
+from specdecode.native.model import NativeTransformer, skipped_initialization
+from specdecode.native.quant import Int8Embedding, quantize_per_channel
 
 __all__ = [
     "FORMAT",
@@ -60,12 +62,21 @@ def build_draft_transformer(
 
 
 def save_draft(
-    directory: Path, model: NativeTransformer, output_ids: torch.Tensor, target: str, tokenizer, report: Mapping
+    directory: Path, model: NativeTransformer, output_ids: torch.Tensor, target: str, tokenizer, report: Mapping,
+    int8_embedding: bool = False,
 ) -> None:
-    """Write a draft directory (config, bfloat16 weights with output_ids, tokenizer); the model card is separate."""
+    """Write a draft directory (config, bfloat16 weights with output_ids, tokenizer); the model card is separate.
+
+    int8_embedding: store the embedding as int8 rows with float32 scales (half the size of bfloat16); meant
+    for a table that already went through `quantize_per_channel` (a frozen copy of the target's), which
+    then round-trips up to float32 rounding of its scales.
+    """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items() if not k.startswith("rope_")}
+    if int8_embedding:
+        del state["embed.weight"]
+        state["embed.qweight"], state["embed.scales"] = quantize_per_channel(model.embed.weight)
     state["output_ids"] = output_ids.to(torch.int32).contiguous()
     save_file(state, directory / WEIGHTS_FILE)
     config = {
@@ -96,19 +107,28 @@ def _read_config(directory: Path) -> dict:
 
 
 def load_draft_transformer(directory: str | Path, dtype: torch.dtype = torch.float32) -> tuple[NativeTransformer, torch.Tensor, dict]:
-    """The draft's NativeTransformer, its output_ids [K] and its draft_config.json contents."""
+    """The draft's NativeTransformer, its output_ids [K] and its draft_config.json contents.
+
+    An embedding stored in int8 stays an `Int8Embedding` (its rows dequantized as they are looked up).
+    """
     directory = Path(directory)
     config = _read_config(directory)
     if not (directory / WEIGHTS_FILE).is_file():
         raise FileNotFoundError(f"distilled draft {directory} has no {WEIGHTS_FILE}")
     state = load_file(directory / WEIGHTS_FILE)
     output_ids = state.pop("output_ids").long()
+    int8_embedding = (state.pop("embed.qweight"), state.pop("embed.scales")) if "embed.qweight" in state else None
     native = NativeConfig.from_dict(config["native_config"])
-    model = build_draft_transformer(native, output_ids.numel(), dtype)  # model.dtype sizes its KV cache
-    model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=False)
+    with torch.device("meta"), skipped_initialization():  # no memory until the weights are assigned
+        model = build_draft_transformer(native, output_ids.numel(), dtype)  # model.dtype sizes its KV cache
+    if int8_embedding is not None:  # stored in int8 (save_draft): kept so, the same rows at a quarter of the memory
+        model.embed = Int8Embedding(int8_embedding[0], int8_embedding[1], dtype)
     missing = {k for k, _ in model.named_parameters()} - set(state)
     if missing:
         raise ValueError(f"distilled draft {directory} lacks tensors {sorted(missing)[:5]}")
+    model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=False, assign=True)
+    model.rope_cos = torch.zeros(0, 1, native.head_dim, dtype=dtype)  # buffers off the meta device
+    model.rope_sin = torch.zeros(0, 1, native.head_dim, dtype=dtype)
     return model.eval().requires_grad_(False), output_ids, config
 
 
