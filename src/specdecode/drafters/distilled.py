@@ -122,13 +122,12 @@ def load_draft_transformer(directory: str | Path, dtype: torch.dtype = torch.flo
     with torch.device("meta"), skipped_initialization():  # no memory until the weights are assigned
         model = build_draft_transformer(native, output_ids.numel(), dtype)  # model.dtype sizes its KV cache
     if int8_embedding is not None:  # stored in int8 (save_draft): kept so, the same rows at a quarter of the memory
-        model.embed = Int8Embedding(int8_embedding[0], int8_embedding[1], dtype)
+        model.embed = Int8Embedding(*int8_embedding, dtype)
     missing = {k for k, _ in model.named_parameters()} - set(state)
     if missing:
         raise ValueError(f"distilled draft {directory} lacks tensors {sorted(missing)[:5]}")
     model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=False, assign=True)
-    model.rope_cos = torch.zeros(0, 1, native.head_dim, dtype=dtype)  # buffers off the meta device
-    model.rope_sin = torch.zeros(0, 1, native.head_dim, dtype=dtype)
+    model.reset_rope_tables()  # buffers off the meta device
     return model.eval().requires_grad_(False), output_ids, config
 
 

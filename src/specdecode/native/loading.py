@@ -156,8 +156,7 @@ def _build(config: NativeConfig, state: Mapping[str, torch.Tensor], dtype: torch
     model.load_state_dict(tensors, strict=False, assign=True)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.embed.weight
-    model.rope_cos = torch.zeros(0, 1, config.head_dim, dtype=dtype)  # buffers off the meta device
-    model.rope_sin = torch.zeros(0, 1, config.head_dim, dtype=dtype)
+    model.reset_rope_tables()  # buffers off the meta device
     return model.eval().requires_grad_(False)
 
 

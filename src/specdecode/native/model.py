@@ -142,6 +142,11 @@ class NativeTransformer(nn.Module):
         self.register_buffer("rope_cos", torch.zeros(0, 1, config.head_dim, dtype=dtype), persistent=False)
         self.register_buffer("rope_sin", torch.zeros(0, 1, config.head_dim, dtype=dtype), persistent=False)
 
+    def reset_rope_tables(self) -> None:
+        """Empty RoPE tables on the CPU, which `new_cache` fills: for a model built on the meta device."""
+        self.rope_cos = torch.zeros(0, 1, self.config.head_dim, dtype=self.dtype)
+        self.rope_sin = torch.zeros(0, 1, self.config.head_dim, dtype=self.dtype)
+
     @property
     def device(self) -> torch.device:
         return self.norm.weight.device  # the embedding may be an int8 table (specdecode.native.quant)
