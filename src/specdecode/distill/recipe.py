@@ -27,9 +27,9 @@ from specdecode.drafters.distilled import build_draft_transformer, save_draft
 from specdecode.native.config import NativeConfig
 from specdecode.native.loading import native_from_hf_model
 from specdecode.native.model import NativeTransformer
-from specdecode.native.quant import quantize_per_channel
+from specdecode.native.quant import Int8Embedding, quantize_per_channel
 
-__all__ = ["DraftArchitecture", "distill", "choose_output_ids", "split_held_out", "init_draft", "frozen_parameters"]
+__all__ = ["DraftArchitecture", "distill", "choose_output_ids", "split_held_out", "init_draft", "weight_count"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class DraftArchitecture:
     output_vocab: int = 8192
     init_from_target: bool = True  # embeddings and head from a PCA of the target's token embeddings
     # copies of these target decoder layers instead of a fresh stack: the draft then has the target's
-    # shape (the fields above except output_vocab are not used), its embeddings (frozen), final norm and head rows
+    # shape (the fields above except output_vocab are not used), its embeddings (int8, not trained), final norm and head rows
     target_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
@@ -149,12 +149,11 @@ def _cut_from_target(model: NativeTransformer, target: NativeTransformer, layers
                      output_ids: torch.Tensor) -> NativeTransformer:
     """Copy the target's embeddings, the chosen decoder layers, its final norm and the head rows of output_ids.
 
-    The embedding goes through int8 (per row) first, as the draft stores it (`save_draft`): training sees
-    exactly the table the saved draft will have.
+    The embedding becomes an `Int8Embedding` (int8 rows, one scale each): buffers, so training leaves it as
+    it is, and the saved draft stores and runs exactly that table at a quarter of float32's memory.
     """
     with torch.no_grad():
-        qweight, scales = quantize_per_channel(target.embed.weight)
-        model.embed.weight.copy_(qweight.float() * scales[:, None])
+        model.embed = Int8Embedding(*quantize_per_channel(target.embed.weight), model.dtype)
         for draft_layer, index in zip(model.layers, layers):
             draft_layer.load_state_dict(target.layers[index].state_dict())
         model.norm.weight.copy_(target.norm.weight)
@@ -162,9 +161,10 @@ def _cut_from_target(model: NativeTransformer, target: NativeTransformer, layers
     return model
 
 
-def frozen_parameters(architecture: DraftArchitecture) -> tuple[str, ...]:
-    """Parameters training leaves alone: the target's own embeddings when the draft is cut from the target."""
-    return ("embed.weight",) if architecture.target_layers else ()
+def weight_count(model: NativeTransformer) -> int:
+    """The draft's weights: its parameters and an `Int8Embedding`'s table (a buffer)."""
+    table = model.embed.qweight.numel() if isinstance(model.embed, Int8Embedding) else 0
+    return sum(p.numel() for p in model.parameters()) + table
 
 
 def distill(
@@ -200,7 +200,11 @@ def distill(
     if init_path.is_file():  # resuming: the same start, whatever the RNG did since
         init = torch.load(init_path, weights_only=True)
         output_ids = init["output_ids"]
-        model = build_draft_transformer(architecture.native_config(hf_config), output_ids.numel())
+        int8_embedding = "embed.qweight" in init["model"]  # a draft cut from the target
+        if int8_embedding != bool(architecture.target_layers):
+            raise ValueError(f"{init_path} does not match target_layers={list(architecture.target_layers)} "
+                             "(written with other settings or by an older specdecode); use another --out")
+        model = build_draft_transformer(architecture.native_config(hf_config), output_ids.numel(), int8_embedding=int8_embedding)
         model.load_state_dict(init["model"])
     else:
         output_ids = choose_output_ids(train_data, architecture.output_vocab, vocab_size, eos)
@@ -214,8 +218,7 @@ def distill(
     output_index = torch.full((vocab_size,), -1, dtype=torch.long)
     output_index[output_ids] = torch.arange(output_ids.numel())
     train_started = time.perf_counter()
-    frozen = frozen_parameters(architecture)
-    train(model, train_data, output_index, train_config, out, frozen=frozen)
+    train(model, train_data, output_index, train_config, out)
     report = {
         "target": target,
         "command": command or f"specdecode distill --target {target} --out DIR",
@@ -223,14 +226,14 @@ def distill(
         "train_sequences": len(train_data),
         "train_positions": train_data.num_positions(),
         "held_out_sequences": len(eval_data),
-        "parameters": sum(p.numel() for p in model.parameters()),
+        "parameters": weight_count(model),
         "data_seconds": round(data_seconds, 1),
         "train_seconds": round(time.perf_counter() - train_started, 1),
         "data": asdict(data_config),
         "architecture": asdict(architecture),
         "training": asdict(train_config),
     }
-    save_draft(out / "draft", model, output_ids, target, tokenizer, report, int8_embedding="embed.weight" in frozen)
+    save_draft(out / "draft", model, output_ids, target, tokenizer, report)
     (out / "draft" / "README.md").write_text(model_card(report))
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     return report

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import random
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -164,22 +164,13 @@ def train(
     output_index: torch.Tensor,
     config: TrainConfig,
     workdir: Path,
-    frozen: Collection[str] = (),
 ) -> NativeTransformer:
-    """Distil into model (in place), checkpointing to workdir/checkpoint.pt and resuming from it.
-
-    frozen: names of parameters that keep their values (e.g. an embedding copied from the target).
-    """
-    unknown = set(frozen) - {n for n, _ in model.named_parameters()}
-    if unknown:
-        raise ValueError(f"frozen names parameters the draft does not have: {sorted(unknown)}")
+    """Distil into model's parameters (in place), checkpointing to workdir/checkpoint.pt and resuming from it."""
     torch.manual_seed(config.seed)
-    model.train()
-    for name, p in model.named_parameters():
-        p.requires_grad_(name not in frozen)
-    trained = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    decay = [p for n, p in trained if p.dim() >= 2]
-    no_decay = [p for n, p in trained if p.dim() < 2]
+    model.train().requires_grad_(True)
+    trained = list(model.parameters())
+    decay = [p for p in trained if p.dim() >= 2]
+    no_decay = [p for p in trained if p.dim() < 2]
     optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=config.lr
     )
@@ -200,7 +191,7 @@ def train(
             loss = distill_loss(draft_logits(model, ids)[rows, positions], idx, p)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_([p for _, p in trained], 1.0)
+            torch.nn.utils.clip_grad_norm_(trained, 1.0)
             optimizer.step()
             step += 1
             done += 1

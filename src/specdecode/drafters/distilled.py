@@ -28,7 +28,7 @@ from specdecode.models.loading import DEFAULT_TARGET, LoadedModel
 from specdecode.native.config import NativeConfig
 from specdecode.native.engine import NativeLM
 from specdecode.native.model import NativeTransformer, skipped_initialization
-from specdecode.native.quant import Int8Embedding, quantize_per_channel
+from specdecode.native.quant import Int8Embedding
 
 __all__ = [
     "FORMAT",
@@ -45,12 +45,16 @@ FORMAT = "specdecode-distilled-draft"
 CONFIG_FILE = "draft_config.json"
 WEIGHTS_FILE = "model.safetensors"
 _BUNDLED = {DEFAULT_TARGET: "smollm2_135m_instruct"}  # target -> folder in specdecode/drafts/
+_INT8_EMBEDDING_KEYS = ("embed.qweight", "embed.scales")  # an Int8Embedding's buffers, stored as they are
 
 
 def build_draft_transformer(
-    config: NativeConfig, output_vocab_size: int, dtype: torch.dtype = torch.float32
+    config: NativeConfig, output_vocab_size: int, dtype: torch.dtype = torch.float32, int8_embedding: bool = False
 ) -> NativeTransformer:
-    """A NativeTransformer in dtype whose head scores output_vocab_size tokens (untied from the embedding)."""
+    """A NativeTransformer in dtype whose head scores output_vocab_size tokens (untied from the embedding).
+
+    int8_embedding: the token embedding is an `Int8Embedding` (buffers, not trained), zero until loaded.
+    """
     if config.tie_word_embeddings:
         raise ValueError("a distilled draft has its own head: tie_word_embeddings must be False")
     if not 1 <= output_vocab_size <= config.vocab_size:
@@ -58,25 +62,26 @@ def build_draft_transformer(
     model = NativeTransformer(config, dtype)
     if output_vocab_size != config.vocab_size:
         model.lm_head = nn.Linear(config.hidden_size, output_vocab_size, bias=False, dtype=dtype)
+    if int8_embedding:
+        qweight = torch.zeros(config.vocab_size, config.hidden_size, dtype=torch.int8)
+        model.embed = Int8Embedding(qweight, torch.ones(config.vocab_size), dtype)
     return model
 
 
 def save_draft(
-    directory: Path, model: NativeTransformer, output_ids: torch.Tensor, target: str, tokenizer, report: Mapping,
-    int8_embedding: bool = False,
+    directory: Path, model: NativeTransformer, output_ids: torch.Tensor, target: str, tokenizer, report: Mapping
 ) -> None:
     """Write a draft directory (config, bfloat16 weights with output_ids, tokenizer); the model card is separate.
 
-    int8_embedding: store the embedding as int8 rows with float32 scales (half the size of bfloat16); meant
-    for a table that already went through `quantize_per_channel` (a frozen copy of the target's), which
-    then round-trips up to float32 rounding of its scales.
+    An `Int8Embedding` (a draft cut from its target) is stored as it is: int8 `embed.qweight`, float32 `embed.scales`.
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items() if not k.startswith("rope_")}
-    if int8_embedding:
-        del state["embed.weight"]
-        state["embed.qweight"], state["embed.scales"] = quantize_per_channel(model.embed.weight)
+    state = {
+        k: (v if k in _INT8_EMBEDDING_KEYS else v.to(torch.bfloat16)).detach().contiguous()
+        for k, v in model.state_dict().items()
+        if not k.startswith("rope_")
+    }
     state["output_ids"] = output_ids.to(torch.int32).contiguous()
     save_file(state, directory / WEIGHTS_FILE)
     config = {
@@ -117,16 +122,15 @@ def load_draft_transformer(directory: str | Path, dtype: torch.dtype = torch.flo
         raise FileNotFoundError(f"distilled draft {directory} has no {WEIGHTS_FILE}")
     state = load_file(directory / WEIGHTS_FILE)
     output_ids = state.pop("output_ids").long()
-    int8_embedding = (state.pop("embed.qweight"), state.pop("embed.scales")) if "embed.qweight" in state else None
     native = NativeConfig.from_dict(config["native_config"])
     with torch.device("meta"), skipped_initialization():  # no memory until the weights are assigned
-        model = build_draft_transformer(native, output_ids.numel(), dtype)  # model.dtype sizes its KV cache
-    if int8_embedding is not None:  # stored in int8 (save_draft): kept so, the same rows at a quarter of the memory
-        model.embed = Int8Embedding(*int8_embedding, dtype)
-    missing = {k for k, _ in model.named_parameters()} - set(state)
+        # model.dtype sizes its KV cache; an int8 embedding stays so: the same rows at a quarter of the memory
+        model = build_draft_transformer(native, output_ids.numel(), dtype, int8_embedding="embed.qweight" in state)
+    missing = {k for k in model.state_dict() if not k.startswith("rope_")} - set(state)
     if missing:
         raise ValueError(f"distilled draft {directory} lacks tensors {sorted(missing)[:5]}")
-    model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=False, assign=True)
+    state = {k: v if k in _INT8_EMBEDDING_KEYS else v.to(dtype) for k, v in state.items()}
+    model.load_state_dict(state, strict=False, assign=True)
     model.reset_rope_tables()  # buffers off the meta device
     return model.eval().requires_grad_(False), output_ids, config
 
