@@ -14,6 +14,7 @@ import json
 import logging
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from specdecode.native.loading import native_from_hf_model
 from specdecode.native.model import NativeTransformer
 from specdecode.native.quant import Int8Embedding, quantize_per_channel
 
-__all__ = ["DraftArchitecture", "distill", "choose_output_ids", "split_held_out", "init_draft", "weight_count"]
+__all__ = ["DraftArchitecture", "distill", "choose_output_ids", "held_out_indices", "split_held_out", "init_draft", "weight_count"]
 
 logger = logging.getLogger(__name__)
 
@@ -95,15 +96,21 @@ class DraftArchitecture:
         )
 
 
-def split_held_out(data: TeacherData, fraction: float, seed: int) -> tuple[TeacherData, TeacherData]:
-    """(train, held-out) by whole sequences, the same share of each category held out."""
+def held_out_indices(categories: Sequence[str], fraction: float, seed: int) -> list[int]:
+    """Indices of the held-out sequences, sorted: the same share of each category."""
     rng = random.Random(seed)
     held: list[int] = []
-    for category in sorted(set(data.categories)):
-        members = [i for i, c in enumerate(data.categories) if c == category]
+    for category in sorted(set(categories)):
+        members = [i for i, c in enumerate(categories) if c == category]
         held += rng.sample(members, round(fraction * len(members)))
+    return sorted(held)
+
+
+def split_held_out(data: TeacherData, fraction: float, seed: int) -> tuple[TeacherData, TeacherData]:
+    """(train, held-out) by whole sequences, the same share of each category held out."""
+    held = held_out_indices(data.categories, fraction, seed)
     held_set = set(held)
-    return data.subset([i for i in range(len(data)) if i not in held_set]), data.subset(sorted(held))
+    return data.subset([i for i in range(len(data)) if i not in held_set]), data.subset(held)
 
 
 def choose_output_ids(data: TeacherData, size: int, vocab_size: int, always: list[int]) -> torch.Tensor:

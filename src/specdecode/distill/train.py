@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -21,10 +21,11 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from specdecode.distill.teacher import TeacherData
-from specdecode.native.model import NativeTransformer
+from specdecode.native.config import NativeConfig
+from specdecode.native.model import DecoderLayer, NativeTransformer
 from specdecode.native.rope import rope_tables
 
-__all__ = ["TrainConfig", "draft_logits", "make_batches", "distill_loss", "evaluate", "train"]
+__all__ = ["TrainConfig", "draft_logits", "decoder_stack", "make_batches", "distill_loss", "evaluate", "train"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,13 +53,16 @@ class TrainConfig:
 
 def draft_logits(model: NativeTransformer, ids: torch.Tensor) -> torch.Tensor:
     """Logits [B, L, K] for right-padded ids [B, L] from position 0: NativeTransformer.forward, batched, with autograd."""
-    config = model.config
-    b, length = ids.shape
+    return model.lm_head(model.norm(decoder_stack(model.layers, model.config, model.embed(ids))))
+
+
+def decoder_stack(layers: Iterable[DecoderLayer], config: NativeConfig, x: torch.Tensor) -> torch.Tensor:
+    """x [B, L, hidden] (positions 0..L-1) through decoder `layers` with causal attention, with autograd."""
+    b, length, _ = x.shape
     h, kv, d = config.num_heads, config.num_kv_heads, config.head_dim
     cos, sin = rope_tables(config, length)  # [L, D] float32, sin with the sign of rotate_half
-    cos, sin = cos[:, None].to(model.dtype), sin[:, None].to(model.dtype)  # [L, 1, D]
-    x = model.embed(ids)  # [B, L, hidden]
-    for layer in model.layers:
+    cos, sin = cos[:, None].to(x.dtype), sin[:, None].to(x.dtype)  # [L, 1, D]
+    for layer in layers:
         qkv = layer.qkv(layer.attn_norm(x)).view(b, length, h + 2 * kv, d)
         qk = qkv[:, :, : h + kv]
         qk = qk * cos + qk.roll(d // 2, dims=-1) * sin
@@ -67,7 +71,7 @@ def draft_logits(model: NativeTransformer, ids: torch.Tensor) -> torch.Tensor:
         x = x + layer.o(out.transpose(1, 2).reshape(b, length, h * d))
         gate, up = layer.gate_up(layer.mlp_norm(x)).chunk(2, dim=-1)
         x = x + layer.down(F.silu(gate) * up)
-    return model.lm_head(model.norm(x))
+    return x
 
 
 def make_batches(lengths: Sequence[int], batch_tokens: int, rng: random.Random) -> list[list[int]]:
@@ -119,18 +123,24 @@ def distill_loss(logits: torch.Tensor, idx: torch.Tensor, p: torch.Tensor) -> to
 
 
 @torch.no_grad()
-def evaluate(model: NativeTransformer, data: TeacherData, output_index: torch.Tensor, batch_tokens: int) -> dict:
+def evaluate(
+    model: torch.nn.Module, data: TeacherData, output_index: torch.Tensor, batch_tokens: int,
+    logits_fn: Callable[[list[int], torch.Tensor], torch.Tensor] | None = None,
+) -> dict:
     """Teacher-forced acceptance estimates on data, overall and per category.
 
     alpha_greedy: share of positions where the draft's argmax is the target's;
     alpha_t1: mean of sum_x min(p, q) over the target's top-k tokens (a lower bound of alpha at temperature 1);
     coverage: target probability mass (within its top-k) that the draft's head can propose.
+    logits_fn(indices, ids [B, L]) -> [B, L, K] stands in for draft_logits(model, ids), for a draft that
+    reads more than the token ids of the sequences data[indices].
     """
     model.eval()
     sums: dict[str, list[float]] = {}
     for indices in make_batches([len(t) for t in data.ids], batch_tokens, random.Random(0)):
         ids, rows, positions, _, _ = _batch(data, indices, output_index)
-        q = torch.softmax(draft_logits(model, ids)[rows, positions].float(), dim=-1)  # [n, K]
+        logits = logits_fn(indices, ids) if logits_fn else draft_logits(model, ids)
+        q = torch.softmax(logits[rows, positions].float(), dim=-1)  # [n, K]
         start = 0
         for i in indices:
             n = len(data.topk_ids[i])
