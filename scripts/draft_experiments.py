@@ -144,8 +144,16 @@ def run_variant(args: argparse.Namespace) -> None:
             return None
         return lambda indices, ids: model(stacked([sequence_ids[i] for i in indices], ids, 1), ids)
 
+    def second_position(indices: list[int], ids: torch.Tensor) -> torch.Tensor:
+        """EAGLE two draft tokens deep: its own predicted feature g_{j-1} in place of the target's f_{j-1}."""
+        guessed = model.features(stacked([held[i] for i in indices], ids, 1), ids)  # g [B, L, H]
+        return model(F.pad(guessed, (0, 0, 1, 0))[:, :-1], ids)
+
     def report(label: str) -> None:
         print(label, json.dumps(evaluate(model, held_out, output_index, 2048, logits_fn(held))["all"]), flush=True)
+        if args.experiment == "eagle":
+            depth2 = evaluate(model, held_out, output_index, 2048, second_position)["all"]
+            print("  second-position", json.dumps(depth2), flush=True)
 
     report("start")
     trained = [p for p in model.parameters() if p.requires_grad]

@@ -64,3 +64,4 @@ def test_the_experiments_run_and_start_from_the_distilled_draft(experiments, cut
     _run(experiments, workdir, "eagle", epochs=2, lr=1e-2)
     lines = _lines(capsys)
     assert lines["epoch"]["alpha_t1"] > lines["start"]["alpha_t1"]  # it learns
+    assert 0 <= lines["second-position"]["alpha_t1"] <= 1
