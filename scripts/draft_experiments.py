@@ -93,7 +93,7 @@ def extract_features(workdir: Path, threads: int) -> None:
     """The target's final-norm output [L, hidden] (float16) for every sequence of workdir, keyed by its index."""
     torch.set_num_threads(threads)
     data = load_teacher(workdir)
-    target = load_native(json.loads((workdir / "data.json").read_text())["target"], packing="none").model.model
+    target = _target(workdir)
     head, target.lm_head = target.lm_head, nn.Identity()  # draft_logits-style forward, minus the head
     features, checked, agree = {}, 0, 0
     started = time.perf_counter()
@@ -129,7 +129,7 @@ def run_variant(args: argparse.Namespace) -> None:
     output_index = torch.full((config["vocab_size"],), -1)
     output_index[output_ids] = torch.arange(output_ids.numel())
     features = load_file(workdir / FEATURES) if args.experiment != "continue" else {}
-    model = _build(args.experiment, workdir, output_ids)
+    model = _build(args.experiment, workdir, NativeConfig.from_dict(config), output_ids)
 
     def stacked(global_indices: list[int], ids: torch.Tensor, shift: int) -> torch.Tensor:
         """[B, L, H]: the features f_{j - shift} of these sequences at positions j (0 before the start)."""
@@ -139,9 +139,10 @@ def run_variant(args: argparse.Namespace) -> None:
             out[row, shift : len(f)] = f[: len(f) - shift]
         return out
 
-    def logits_fn(sequence_ids: list[int]):  # evaluate's hook: data index -> DIR index
+    def logits_fn(sequence_ids: list[int]):
+        """logits(indices, ids) -> [B, L, K] of the variant for data[indices]; sequence_ids maps them to DIR's."""
         if args.experiment == "continue":
-            return None
+            return lambda indices, ids: draft_logits(model, ids)
         return lambda indices, ids: model(stacked([sequence_ids[i] for i in indices], ids, 1), ids)
 
     def second_position(indices: list[int], ids: torch.Tensor) -> torch.Tensor:
@@ -161,22 +162,21 @@ def run_variant(args: argparse.Namespace) -> None:
                                    {"params": [p for p in trained if p.dim() < 2], "weight_decay": 0.0}], lr=args.lr)
     epochs = [make_batches([len(t) for t in train_data.ids], 2048, random.Random(100 + e)) for e in range(args.epochs)]
     total, step, started = sum(map(len, epochs)), 0, time.perf_counter()
+    train_logits = logits_fn(train_idx)
     for epoch, batches in enumerate(epochs):
         model.train()
         for indices in batches:
             for group in optimizer.param_groups:
                 group["lr"] = args.lr * _lr_factor(step, total, 10)
             ids, rows, positions, idx, p = _batch(train_data, indices, output_index)
-            sequences = [train_idx[i] for i in indices]
             extra = 0.0
-            if args.experiment == "continue":
-                logits = draft_logits(model, ids)[rows, positions]
-            elif args.experiment == "cut+features":
-                logits = model(stacked(sequences, ids, 1), ids)[rows, positions]
-            else:  # eagle: also regress g_j on f_j
+            if args.experiment == "eagle":  # also regress g_j on f_j
+                sequences = [train_idx[i] for i in indices]
                 g = model.features(stacked(sequences, ids, 1), ids)[rows, positions]
                 logits = model.head(g)
                 extra = F.smooth_l1_loss(g, stacked(sequences, ids, 0)[rows, positions])
+            else:
+                logits = train_logits(indices, ids)[rows, positions]
             if args.loss == "kl+tv":
                 extra = extra + 5 * tv_loss(logits, idx, p)
             loss = distill_loss(logits, idx, p) + extra
@@ -188,12 +188,15 @@ def run_variant(args: argparse.Namespace) -> None:
         report(f"epoch {epoch + 1} ({time.perf_counter() - started:.0f} s)")
 
 
-def _build(experiment: str, workdir: Path, output_ids: torch.Tensor) -> nn.Module:
+def _target(workdir: Path) -> NativeTransformer:
+    """The target that built workdir's data, on the native engine with plain layers."""
+    return load_native(json.loads((workdir / "data.json").read_text())["target"], packing="none").model.model
+
+
+def _build(experiment: str, workdir: Path, native: NativeConfig, output_ids: torch.Tensor) -> nn.Module:
     """The variant, starting from workdir's finished training (checkpoint.pt) except for eagle."""
     if experiment == "eagle":
-        target = load_native(json.loads((workdir / "data.json").read_text())["target"], packing="none").model.model
-        return EagleDraft(target, output_ids)
-    native = NativeConfig.from_dict(json.loads((workdir / "draft/draft_config.json").read_text())["native_config"])
+        return EagleDraft(_target(workdir), output_ids)
     init = torch.load(workdir / "init.pt", weights_only=True)["model"]
     draft = build_draft_transformer(native, output_ids.numel(), int8_embedding="embed.qweight" in init)
     draft.load_state_dict(torch.load(workdir / "checkpoint.pt", weights_only=True)["model"])
