@@ -29,7 +29,8 @@ from torch import nn
 
 from specdecode.distill.recipe import held_out_indices
 from specdecode.distill.teacher import load_teacher
-from specdecode.distill.train import _batch, _lr_factor, decoder_stack, distill_loss, draft_logits, evaluate, make_batches
+from specdecode.distill.train import _batch, _lr_factor, distill_loss, draft_logits, evaluate, make_batches
+from specdecode.native.batched import decoder_stack
 from specdecode.drafters.distilled import build_draft_transformer
 from specdecode.native import load_native
 from specdecode.native.config import NativeConfig

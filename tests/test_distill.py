@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 
 import pytest
 import torch
@@ -18,7 +19,6 @@ from specdecode.distill.sources import read_prompt_file, read_text_file
 from specdecode.distill.teacher import load_teacher
 from specdecode.distill.recipe import init_draft
 from specdecode.distill.train import draft_logits, make_batches
-from specdecode.distill.train import train as train_draft
 from specdecode.drafters import LookupThenModelDrafter, ModelDrafter
 from specdecode.drafters.distilled import (
     ReducedVocabLM,
@@ -28,8 +28,9 @@ from specdecode.drafters.distilled import (
     save_draft,
 )
 from specdecode.native.engine import NativeLM
+from specdecode.native import load_native
 from specdecode.native.loading import native_from_hf_model
-from specdecode.native.quant import Int8Embedding, quantize_per_channel
+from specdecode.native.quant import Int8Embedding, int8_kernel_available, quantize_per_channel
 from specdecode.pipeline import make_drafter
 
 ARCH = DraftArchitecture(layers=1, hidden=32, heads=2, kv_heads=1, intermediate=64, output_vocab=40)
@@ -176,6 +177,8 @@ def test_evaluation_prompts_are_refused(tmp_path):
         (["--target-layers", "0,1", "--layers", "2"], "--target-layers takes the target's shape; drop --layers"),
         (["--target-layers", "1,0"], "target_layers must be increasing"),
         (["--target-layers", "0,x"], "comma-separated layer indices"),
+        (["--eagle", "--hidden", "64"], "--eagle takes the target's shape; drop --hidden"),
+        (["--eagle", "--target-layers", "0"], "--eagle and --target-layers are two kinds of draft"),
     ],
 )
 def test_cli_rejects_bad_settings(argv, message, tmp_path, capsys):
@@ -320,20 +323,105 @@ def test_auto_is_the_bundled_draft_with_prompt_lookup_at_gamma_one_where_there_i
 
 
 @pytest.mark.real_model
-def test_bundled_draft_loads_and_shares_the_default_targets_tokenizer():
+def test_bundled_draft_is_an_eagle_draft_of_the_default_target_and_drafts_for_it():
     from specdecode.backends import load
     from specdecode.drafters.distilled import bundled_draft_dir
-    from specdecode.models.compat import check_vocabularies
+    from specdecode.drafters.eagle import EagleDrafter, is_eagle_draft, load_eagle
     from specdecode.models.loading import DEFAULT_TARGET
 
     path = bundled_draft_dir(DEFAULT_TARGET)
     assert path is not None, "the default target's bundled draft is missing from the package"
+    assert is_eagle_draft(path)
     target = load(DEFAULT_TARGET)
-    draft = load_distilled(path)
-    check_vocabularies(target.tokenizer, draft.tokenizer, target.model.vocab_size, draft.model.vocab_size)
-    assert draft.model.vocab_size == target.model.vocab_size
-    drafter = make_drafter("auto", target)  # the default: 'bundled+ngram'
-    assert isinstance(drafter, LookupThenModelDrafter) and isinstance(drafter.model, ModelDrafter)
-    ids = target.tokenizer("The capital of France is")["input_ids"]
-    logits = draft.model.prefill(torch.tensor(ids))
-    assert torch.isfinite(logits).sum() == json.loads((path / "draft_config.json").read_text())["output_vocab_size"]
+    network, output_ids, config = load_eagle(path)
+    assert config["target"] == DEFAULT_TARGET and network.config.hidden_size == target.model.config.hidden_size
+    drafter = make_drafter("auto", target)  # the default: 'bundled+ngram', its tokenizer checked against the target's
+    assert isinstance(drafter, LookupThenModelDrafter) and isinstance(drafter.model, EagleDrafter)
+    assert drafter.model.quantize == "int8" or not int8_kernel_available()
+    ids = torch.tensor(target.tokenizer("The capital of France is")["input_ids"])
+    alone = generate(target.model, ids, max_new_tokens=24, sampling=SamplingParams(0.0))
+    result = generate(target.model, ids, drafter=drafter.model, gamma=2, max_new_tokens=24, sampling=SamplingParams(0.0))
+    assert result.token_ids == alone.token_ids and result.stats.accepted_tokens > 0
+    draft = drafter.model.propose(torch.tensor(result.token_ids[:1]), 1, SamplingParams(1.0), torch.Generator())
+    assert int(draft.probs.count_nonzero()) <= output_ids.numel() == config["output_vocab_size"]
+
+
+EAGLE = DraftArchitecture(output_vocab=40, eagle=True)
+EAGLE_TRAIN = TrainConfig(epochs=3, batch_tokens=256, checkpoint_every=4, lr=1e-2, warmup_steps=2)
+
+
+@pytest.fixture(scope="module")
+def eagle_distilled(tiny_target, tmp_path_factory):
+    target, prompts = tiny_target
+    out = tmp_path_factory.mktemp("eagle")
+    return out, distill(str(target), out, _data(prompts), EAGLE, EAGLE_TRAIN, held_out=0.25)
+
+
+def test_distilling_an_eagle_draft_learns_from_the_targets_features(eagle_distilled, tiny_target):
+    from specdecode.distill.eagle import EagleObjective, init_eagle, target_features
+    from specdecode.distill.train import _batch
+    from specdecode.drafters.eagle import EagleDrafter, is_eagle_draft, load_eagle
+
+    out, report = eagle_distilled
+    target, _ = tiny_target
+    assert is_eagle_draft(out / "draft") and report["architecture"]["eagle"]
+    assert "EAGLE-style" in (out / "draft" / "README.md").read_text()
+    data = load_teacher(out)
+    native = native_from_hf_model(tiny_llama(suppress_eos=False), torch.float32)
+    features = target_features(native, data, out)  # read back from the work directory
+    assert len(features) == len(data) and all(len(f) == len(ids) for f, ids in zip(features, data.ids))
+    for f, first, topk in zip(features, data.first, data.topk_ids):  # the target's head on f gives its cached top-1
+        assert torch.equal(native.lm_head(f[first : first + len(topk)].float()).argmax(-1), topk[:, 0])
+
+    init = torch.load(out / "init.pt", weights_only=True)
+    trained, output_ids, _ = load_eagle(out / "draft")
+    start = init_eagle(native, output_ids, 0)
+    start.load_state_dict(init["model"])
+    assert torch.equal(trained.head_weight, start.head_weight)  # the target's rows, fixed
+    assert torch.equal(start.head_weight, native.lm_head.weight[output_ids].to(torch.bfloat16).float())
+    assert report["parameters"] == sum(p.numel() for p in trained.parameters()) + trained.head_weight.numel()
+    index = torch.full((64,), -1, dtype=torch.long)
+    index[output_ids] = torch.arange(len(output_ids))
+    batch = _batch(data, range(len(data)), index)
+    with torch.no_grad():
+        before = EagleObjective(start, native.embed.weight, features).loss(range(len(data)), *batch)
+        after = EagleObjective(trained, native.embed.weight, features).loss(range(len(data)), *batch)
+    assert after < before - 0.1, f"EAGLE distillation did not lower the loss: {before:.3f} -> {after:.3f}"
+
+    loaded = load_native(str(target))
+    drafter = make_drafter(str(out / "draft"), loaded)
+    assert isinstance(drafter, EagleDrafter)
+    prompt = data.ids[0][: data.first[0] + 1]
+    alone = generate(loaded.model, prompt, max_new_tokens=24, sampling=SamplingParams(0.0))
+    result = generate(loaded.model, prompt, drafter=drafter, gamma=3, max_new_tokens=24, sampling=SamplingParams(0.0))
+    assert result.token_ids == alone.token_ids and result.stats.accepted_tokens > 0
+
+
+def test_eagle_distillation_resumes_to_the_same_draft_and_refuses_another_kinds_work(
+    eagle_distilled, distilled, tiny_target, tmp_path, monkeypatch
+):
+    from specdecode.drafters.eagle import load_eagle
+
+    target, prompts = tiny_target
+    steps = {"n": 0}
+    original = torch.optim.AdamW.step
+
+    def crash_after_five(self, *args, **kwargs):
+        steps["n"] += 1
+        if steps["n"] == 5:
+            raise KeyboardInterrupt
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", crash_after_five)
+    with pytest.raises(KeyboardInterrupt):
+        distill(str(target), tmp_path, _data(prompts), EAGLE, EAGLE_TRAIN, held_out=0.25)
+    monkeypatch.setattr(torch.optim.AdamW, "step", original)
+    distill(str(target), tmp_path, _data(prompts), EAGLE, EAGLE_TRAIN, held_out=0.25)
+    reference = load_eagle(eagle_distilled[0] / "draft")[0].state_dict()
+    for name, tensor in load_eagle(tmp_path / "draft")[0].state_dict().items():
+        assert torch.equal(tensor, reference[name]), name
+    with pytest.raises(ValueError, match="written for an EAGLE draft"):
+        distill(str(target), tmp_path, _data(prompts), ARCH, EAGLE_TRAIN, held_out=0.25)
+    transformer_work = shutil.copytree(distilled[0], tmp_path / "transformer")  # its init.pt holds a transformer draft
+    with pytest.raises(ValueError, match="another kind of draft"):
+        distill(str(target), transformer_work, _data(prompts), EAGLE, EAGLE_TRAIN, held_out=0.25)

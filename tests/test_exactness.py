@@ -9,6 +9,7 @@ only where noted; otherwise all tokens count.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 import pytest
@@ -16,21 +17,30 @@ import torch
 from mock_models import SuccessorDrafter, TableModel
 from scipy.stats import chisquare
 
-from specdecode.core.sampling import SamplingParams
+from specdecode.core.sampling import SamplingParams, probabilities
 from specdecode.decoding import generate
 from specdecode.drafters import BigramDrafter, LookupThenModelDrafter, ModelDrafter, PromptLookupDrafter, UnigramDrafter
 from specdecode.drafters.distilled import ReducedVocabLM, build_draft_transformer
+from specdecode.drafters.eagle import EagleDrafter
 from specdecode.native.quant import Int8Embedding, quantize_per_channel
 from specdecode.native.config import NativeConfig
+from specdecode.native.eagle import EagleNetwork
 from specdecode.native.engine import NativeLM
+from specdecode.native.model import NativeTransformer
 
 PROMPT = [0, 1]
 P_VALUE_FLOOR = 1e-3
 
 
-def chi_square_pvalue(target: TableModel, drafter, sampling, length, gamma, samples, seed=0) -> tuple[float, float]:
-    """(p-value, total variation) of speculative samples against the exact distribution."""
-    exact = target.sequence_distribution(PROMPT, length, sampling)
+def chi_square_pvalue(target, drafter, sampling, length, gamma, samples, seed=0) -> tuple[float, float]:
+    """(p-value, total variation) of speculative samples against the exact distribution.
+
+    target: a TableModel, or a NativeLM (its distribution enumerated with its own forward passes).
+    """
+    if isinstance(target, NativeLM):
+        exact = native_sequence_distribution(target, PROMPT, length, sampling)
+    else:
+        exact = target.sequence_distribution(PROMPT, length, sampling)
     g = torch.Generator().manual_seed(seed)
     counts: Counter = Counter()
     for _ in range(samples):
@@ -86,6 +96,47 @@ def _distilled_draft(vocab: int, head: list[int], int8_embedding: bool = False) 
     return ModelDrafter(ReducedVocabLM(NativeLM(model, max_cache_len=64), torch.tensor(head), vocab))
 
 
+def native_sequence_distribution(target: NativeLM, prompt: list[int], length: int, sampling) -> dict:
+    """The exact probability of every continuation of `length` tokens, from the target's own forward passes."""
+    out: dict[tuple[int, ...], float] = {}
+
+    def expand(prefix: tuple[int, ...], prob: float) -> None:
+        if len(prefix) == length:
+            out[prefix] = prob
+            return
+        p = probabilities(target.prefill(torch.tensor(prompt + list(prefix))), sampling)
+        for token in p.nonzero().flatten().tolist():
+            expand(prefix + (token,), prob * float(p[token]))
+
+    expand((), 1.0)
+    return out
+
+
+def _random_native(config: NativeConfig, seed: int) -> NativeTransformer:
+    torch.manual_seed(seed)
+    model = NativeTransformer(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.5)
+    return model
+
+
+TINY_NATIVE = NativeConfig(vocab_size=8, hidden_size=16, intermediate_size=32, num_layers=2, num_heads=2,
+                           num_kv_heads=1, head_dim=8, max_position_embeddings=64)
+
+
+def _eagle_case(head: list[int]) -> tuple[NativeLM, EagleDrafter]:
+    """A random two-layer native target and a random EAGLE draft on its features, reduced head."""
+    target = NativeLM(_random_native(TINY_NATIVE, 4), max_cache_len=64, packing="none")
+    torch.manual_seed(6)
+    network = EagleNetwork(dataclasses.replace(TINY_NATIVE, num_layers=1), len(head))
+    with torch.no_grad():
+        for p in network.parameters():
+            p.normal_(0.0, 0.5)
+        network.head_weight.normal_(0.0, 1.0)
+    return target, EagleDrafter(network, torch.tensor(head), target)
+
+
 CASES = {
     # name: (target kwargs, drafter factory, sampling, vocab, length, gamma)
     "T=1 gamma=1": (dict(), lambda v: _draft(v), SamplingParams(1.0), 8, 3, 1),
@@ -135,6 +186,15 @@ def test_speculative_samples_match_target_distribution(name):
     samples = 20000 if vocab ** length > 1000 else 8000
     pvalue, tv = chi_square_pvalue(target, make_drafter(vocab), sampling, length, gamma, samples)
     assert pvalue > P_VALUE_FLOOR, f"{name}: chi-square p-value {pvalue:.2e}, total variation {tv:.3f}"
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(0.8), pytest.param(SamplingParams(1.0, top_k=5), marks=pytest.mark.slow)],
+                         ids=["T=0.8", "top-k=5"])
+def test_eagle_samples_match_native_target_distribution(sampling):
+    """The EAGLE drafter, reading a native target's features (its cache and the target's rolled back each step)."""
+    target, drafter = _eagle_case([0, 2, 3, 5, 7])
+    pvalue, tv = chi_square_pvalue(target, drafter, sampling, 3, 3, 8000)
+    assert pvalue > P_VALUE_FLOOR, f"EAGLE draft: chi-square p-value {pvalue:.2e}, total variation {tv:.3f}"
 
 
 def test_draft_equal_to_target_accepts_everything():

@@ -22,7 +22,7 @@ GREEDY = SamplingParams(0.0)
 
 @pytest.fixture(scope="module")
 def pipeline():
-    return Pipeline.load()  # default target, n-gram draft
+    return Pipeline.load()  # default target and draft: 'auto', the bundled EAGLE draft with prompt lookup
 
 
 def spec_bench_prompts(count):
@@ -39,7 +39,7 @@ def test_default_model_shape(pipeline):
 
 
 def test_greedy_identity_on_spec_bench_prompts(pipeline):
-    """Speculative (n-gram draft) greedy output equals plain greedy output, token for token: 10 prompts x 64 tokens."""
+    """Speculative (default draft) greedy output equals plain greedy output, token for token: 10 prompts x 64 tokens."""
     accepted = 0
     for prompt in spec_bench_prompts(10):
         ids = pipeline.encode(prompt)

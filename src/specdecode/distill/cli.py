@@ -55,6 +55,9 @@ def add_parser(commands) -> argparse.ArgumentParser:
     arch.add_argument("--target-layers", type=_layer_list, default=(),
                       help="cut the draft from these target layers, e.g. 0,1,2: the target's shape, embeddings "
                       "(frozen, stored in int8), final norm and head rows, then distilled (instead of --layers ...)")
+    arch.add_argument("--eagle", action="store_true",
+                      help="an EAGLE draft: one decoder layer of the target's shape that reads the target's own features "
+                      "(its final-norm outputs) and shares its embeddings and head rows; runs on the native engine only")
     arch.add_argument("--output-vocab", type=int, default=_DEFAULTS["output_vocab"],
                       help="head over the N most likely target tokens (q = 0 elsewhere); 0 = whole vocabulary")
     arch.add_argument("--init-from-target", action=argparse.BooleanOptionalAction, default=_DEFAULTS["init_from_target"],
@@ -77,10 +80,14 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             top_k=args.top_k, batch_size=args.data_batch_size, seed=args.seed,
         )
         shape = {name: getattr(args, name) for name in _SHAPE if getattr(args, name) is not None}
-        if args.target_layers and shape:
-            raise ValueError(f"--target-layers takes the target's shape; drop {', '.join('--' + n.replace('_', '-') for n in shape)}")
+        kind = "--target-layers" if args.target_layers else "--eagle" if args.eagle else None
+        if kind and shape:
+            raise ValueError(f"{kind} takes the target's shape; drop {', '.join('--' + n.replace('_', '-') for n in shape)}")
+        if args.eagle and args.target_layers:
+            raise ValueError("--eagle and --target-layers are two kinds of draft; choose one")
         architecture = DraftArchitecture(
-            **shape, output_vocab=args.output_vocab, init_from_target=args.init_from_target, target_layers=args.target_layers
+            **shape, output_vocab=args.output_vocab, init_from_target=args.init_from_target,
+            target_layers=args.target_layers, eagle=args.eagle,
         )
         training = TrainConfig(epochs=args.epochs, batch_tokens=args.batch_tokens, lr=args.lr,
                                checkpoint_every=args.checkpoint_every, seed=args.seed)

@@ -23,8 +23,11 @@ import torch
 from specdecode.distill.data import DataConfig, build_data
 from specdecode.distill.teacher import TeacherData, eos_ids, load_teacher
 from specdecode.distill.card import model_card
+from specdecode.distill.eagle import EagleObjective, init_eagle, target_features
 from specdecode.distill.train import TrainConfig, evaluate, train
 from specdecode.drafters.distilled import build_draft_transformer, save_draft
+from specdecode.drafters.eagle import save_eagle
+from specdecode.native.eagle import EagleNetwork
 from specdecode.native.config import NativeConfig
 from specdecode.native.loading import native_from_hf_model
 from specdecode.native.model import NativeTransformer
@@ -49,6 +52,9 @@ class DraftArchitecture:
     # copies of these target decoder layers instead of a fresh stack: the draft then has the target's
     # shape (the fields above except output_vocab are not used), its embeddings (int8, not trained), final norm and head rows
     target_layers: tuple[int, ...] = ()
+    # an EAGLE draft (specdecode.native.eagle): one decoder layer of the target's shape reading the target's
+    # features, with the target's embeddings and head rows (the fields above except output_vocab are not used)
+    eagle: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "target_layers", tuple(self.target_layers))  # a list from JSON or the CLI
@@ -64,6 +70,8 @@ class DraftArchitecture:
             raise ValueError(f"hidden ({self.hidden}) must split into heads ({self.heads}) of even size")
         if self.heads % self.kv_heads:
             raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
+        if self.eagle and self.target_layers:
+            raise ValueError("eagle and target_layers are two kinds of draft; choose one")
         if self.output_vocab < 0:
             raise ValueError(f"output_vocab must be >= 0 (0 = the whole vocabulary), got {self.output_vocab}")
 
@@ -168,10 +176,37 @@ def _cut_from_target(model: NativeTransformer, target: NativeTransformer, layers
     return model
 
 
-def weight_count(model: NativeTransformer) -> int:
-    """The draft's weights: its parameters and an `Int8Embedding`'s table (a buffer)."""
+def weight_count(model: torch.nn.Module) -> int:
+    """The draft's weights: its parameters, an `Int8Embedding`'s table and an EAGLE network's head rows (buffers)."""
+    if isinstance(model, EagleNetwork):
+        return sum(p.numel() for p in model.parameters()) + model.head_weight.numel()
     table = model.embed.qweight.numel() if isinstance(model.embed, Int8Embedding) else 0
     return sum(p.numel() for p in model.parameters()) + table
+
+
+def _start_eagle(loaded, out: Path, data: TeacherData, train_indices: list[int], held: list[int],
+                 output_ids: torch.Tensor, seed: int):
+    """An EAGLE network (from out/init.pt when resuming), its output_ids, the training loss and held-out logits.
+
+    Reads (or first computes) the target's features of every sequence, and keeps the target's embedding table.
+    """
+    target = native_from_hf_model(loaded.hf_model, torch.float32)
+    features = target_features(target, data, out)
+    init_path = out / "init.pt"
+    if init_path.is_file():  # resuming: the same start, whatever the RNG did since
+        init = torch.load(init_path, weights_only=True)
+        if init.get("kind") != "eagle":
+            raise ValueError(f"{init_path} was written for another kind of draft; use another --out or drop --eagle")
+        output_ids = init["output_ids"]
+        network = init_eagle(target, output_ids, seed)
+        network.load_state_dict(init["model"])
+    else:
+        network = init_eagle(target, output_ids, seed)
+        torch.save({"model": network.state_dict(), "output_ids": output_ids, "kind": "eagle"}, init_path)
+    embedding = target.embed.weight.detach()
+    training = EagleObjective(network, embedding, [features[i] for i in train_indices])
+    held_out = EagleObjective(network, embedding, [features[i] for i in held])
+    return network, output_ids, training.loss, held_out.logits
 
 
 def distill(
@@ -201,11 +236,23 @@ def distill(
     data_seconds = time.perf_counter() - started
 
     data = load_teacher(out)
-    train_data, eval_data = split_held_out(data, held_out, data_config.seed)
+    held = held_out_indices(data.categories, held_out, data_config.seed)
+    train_indices = sorted(set(range(len(data))) - set(held))
+    train_data, eval_data = data.subset(train_indices), data.subset(held)
     eos = sorted(eos_ids(loaded.hf_model, tokenizer))
     init_path = out / "init.pt"
-    if init_path.is_file():  # resuming: the same start, whatever the RNG did since
+    train_loss = eval_logits = None  # a transformer draft reads token ids only
+    features_started = time.perf_counter()
+    if architecture.eagle:
+        model, output_ids, train_loss, eval_logits = _start_eagle(
+            loaded, out, data, train_indices, held, choose_output_ids(train_data, architecture.output_vocab, vocab_size, eos),
+            train_config.seed,
+        )
+        features_seconds = time.perf_counter() - features_started  # mostly the target's features
+    elif init_path.is_file():  # resuming: the same start, whatever the RNG did since
         init = torch.load(init_path, weights_only=True)
+        if init.get("kind", "transformer") != "transformer":
+            raise ValueError(f"{init_path} was written for an EAGLE draft; use another --out or add --eagle")
         output_ids = init["output_ids"]
         int8_embedding = "embed.qweight" in init["model"]  # a draft cut from the target
         if int8_embedding != bool(architecture.target_layers):
@@ -225,11 +272,11 @@ def distill(
     output_index = torch.full((vocab_size,), -1, dtype=torch.long)
     output_index[output_ids] = torch.arange(output_ids.numel())
     train_started = time.perf_counter()
-    train(model, train_data, output_index, train_config, out)
+    train(model, train_data, output_index, train_config, out, loss_fn=train_loss)
     report = {
         "target": target,
         "command": command or f"specdecode distill --target {target} --out DIR",
-        "held_out": evaluate(model, eval_data, output_index, train_config.batch_tokens),
+        "held_out": evaluate(model, eval_data, output_index, train_config.batch_tokens, eval_logits),
         "train_sequences": len(train_data),
         "train_positions": train_data.num_positions(),
         "held_out_sequences": len(eval_data),
@@ -240,7 +287,10 @@ def distill(
         "architecture": asdict(architecture),
         "training": asdict(train_config),
     }
-    save_draft(out / "draft", model, output_ids, target, tokenizer, report)
+    if architecture.eagle:
+        report["features_seconds"] = round(features_seconds, 1)
+    save = save_eagle if architecture.eagle else save_draft
+    save(out / "draft", model, output_ids, target, tokenizer, report)
     (out / "draft" / "README.md").write_text(model_card(report))
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     return report

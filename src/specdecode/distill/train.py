@@ -12,20 +12,18 @@ from __future__ import annotations
 import logging
 import math
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from specdecode.distill.teacher import TeacherData
-from specdecode.native.config import NativeConfig
-from specdecode.native.model import DecoderLayer, NativeTransformer
-from specdecode.native.rope import rope_tables
+from specdecode.native.batched import decoder_stack
+from specdecode.native.model import NativeTransformer
 
-__all__ = ["TrainConfig", "draft_logits", "decoder_stack", "make_batches", "distill_loss", "evaluate", "train"]
+__all__ = ["TrainConfig", "draft_logits", "make_batches", "distill_loss", "evaluate", "train"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,24 +52,6 @@ class TrainConfig:
 def draft_logits(model: NativeTransformer, ids: torch.Tensor) -> torch.Tensor:
     """Logits [B, L, K] for right-padded ids [B, L] from position 0: NativeTransformer.forward, batched, with autograd."""
     return model.lm_head(model.norm(decoder_stack(model.layers, model.config, model.embed(ids))))
-
-
-def decoder_stack(layers: Iterable[DecoderLayer], config: NativeConfig, x: torch.Tensor) -> torch.Tensor:
-    """x [B, L, hidden] (positions 0..L-1) through decoder `layers` with causal attention, with autograd."""
-    b, length, _ = x.shape
-    h, kv, d = config.num_heads, config.num_kv_heads, config.head_dim
-    cos, sin = rope_tables(config, length)  # [L, D] float32, sin with the sign of rotate_half
-    cos, sin = cos[:, None].to(x.dtype), sin[:, None].to(x.dtype)  # [L, 1, D]
-    for layer in layers:
-        qkv = layer.qkv(layer.attn_norm(x)).view(b, length, h + 2 * kv, d)
-        qk = qkv[:, :, : h + kv]
-        qk = qk * cos + qk.roll(d // 2, dims=-1) * sin
-        q, k, v = (t.transpose(1, 2) for t in (qk[:, :, :h], qk[:, :, h:], qkv[:, :, h + kv :]))  # [B, heads, L, D]
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=h != kv)  # [B, H, L, D]
-        x = x + layer.o(out.transpose(1, 2).reshape(b, length, h * d))
-        gate, up = layer.gate_up(layer.mlp_norm(x)).chunk(2, dim=-1)
-        x = x + layer.down(F.silu(gate) * up)
-    return x
 
 
 def make_batches(lengths: Sequence[int], batch_tokens: int, rng: random.Random) -> list[list[int]]:
@@ -169,13 +149,18 @@ def _lr_factor(step: int, total: int, warmup: int) -> float:
 
 
 def train(
-    model: NativeTransformer,
+    model: torch.nn.Module,
     train_data: TeacherData,
     output_index: torch.Tensor,
     config: TrainConfig,
     workdir: Path,
-) -> NativeTransformer:
-    """Distil into model's parameters (in place), checkpointing to workdir/checkpoint.pt and resuming from it."""
+    loss_fn: Callable[..., torch.Tensor] | None = None,
+) -> torch.nn.Module:
+    """Distil into model's parameters (in place), checkpointing to workdir/checkpoint.pt and resuming from it.
+
+    loss_fn(indices, ids [B, L], rows [n], positions [n], idx [n, k], p [n, k]) -> loss stands in for the
+    distillation loss of draft_logits, for a draft that reads more than the token ids of train_data[indices].
+    """
     torch.manual_seed(config.seed)
     model.train().requires_grad_(True)
     trained = list(model.parameters())
@@ -198,7 +183,10 @@ def train(
             for group in optimizer.param_groups:
                 group["lr"] = config.lr * _lr_factor(step, total, config.warmup_steps)
             ids, rows, positions, idx, p = _batch(train_data, indices, output_index)
-            loss = distill_loss(draft_logits(model, ids)[rows, positions], idx, p)
+            if loss_fn is None:
+                loss = distill_loss(draft_logits(model, ids)[rows, positions], idx, p)
+            else:
+                loss = loss_fn(indices, ids, rows, positions, idx, p)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(trained, 1.0)

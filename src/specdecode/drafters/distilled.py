@@ -33,6 +33,8 @@ from specdecode.native.quant import Int8Embedding
 __all__ = [
     "FORMAT",
     "ReducedVocabLM",
+    "widen_logits",
+    "read_draft_config",
     "build_draft_transformer",
     "save_draft",
     "load_draft_transformer",
@@ -101,7 +103,8 @@ def is_distilled_draft(path: str | Path) -> bool:
     return (Path(path) / CONFIG_FILE).is_file()
 
 
-def _read_config(directory: Path) -> dict:
+def read_draft_config(directory: Path) -> dict:
+    """draft_config.json of a distilled-draft directory, its format checked."""
     config_path = directory / CONFIG_FILE
     if not config_path.is_file():
         raise FileNotFoundError(f"not a distilled draft: {config_path} is missing")
@@ -117,7 +120,10 @@ def load_draft_transformer(directory: str | Path, dtype: torch.dtype = torch.flo
     An embedding stored in int8 stays an `Int8Embedding` (its rows dequantized as they are looked up).
     """
     directory = Path(directory)
-    config = _read_config(directory)
+    config = read_draft_config(directory)
+    if config.get("kind", "transformer") != "transformer":
+        raise ValueError(f"{directory} is a {config['kind']!r} draft, not a standalone transformer: it runs next to "
+                         "its target (specdecode generate --draft PATH)")
     if not (directory / WEIGHTS_FILE).is_file():
         raise FileNotFoundError(f"distilled draft {directory} has no {WEIGHTS_FILE}")
     state = load_file(directory / WEIGHTS_FILE)
@@ -133,6 +139,13 @@ def load_draft_transformer(directory: str | Path, dtype: torch.dtype = torch.flo
     model.load_state_dict(state, strict=False, assign=True)
     model.reset_rope_tables()  # buffers off the meta device
     return model.eval().requires_grad_(False), output_ids, config
+
+
+def widen_logits(logits: torch.Tensor, output_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Logits [..., K] of the tokens output_ids [K] as logits [..., vocab_size], -inf (q = 0) for every other token."""
+    full = logits.new_full((*logits.shape[:-1], vocab_size), float("-inf"))
+    full[..., output_ids] = logits
+    return full
 
 
 class ReducedVocabLM:
@@ -153,9 +166,7 @@ class ReducedVocabLM:
         self.max_length = inner.max_length
 
     def _widen(self, logits: torch.Tensor) -> torch.Tensor:  # [..., K] -> [..., V]
-        full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
-        full[..., self.output_ids] = logits
-        return full
+        return widen_logits(logits, self.output_ids, self.vocab_size)
 
     def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor:
         return self._widen(self.inner.prefill(prompt_ids))

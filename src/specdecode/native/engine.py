@@ -127,13 +127,18 @@ class NativeLM:
         self._prompt_length = 0
         self._num_generated = 0
         self._started = False
+        self._features_from = 0  # features of positions before this one are unknown (see keep_features)
 
     @property
     def num_generated(self) -> int:
         return self._num_generated
 
     def room(self) -> int:
-        return self.max_length - self._prompt_length - self._num_generated
+        return self.max_length - self._cached()
+
+    def _cached(self) -> int:
+        """Positions whose keys and values are in the cache."""
+        return self._prompt_length + self._num_generated
 
     def _run(self, token_ids: torch.Tensor, start: int, last_only: bool) -> torch.Tensor:
         end = start + token_ids.numel()  # within the cache: prefill and extend check the room first
@@ -153,6 +158,7 @@ class NativeLM:
             )
         self._check_ids(prompt_ids)
         self._prompt_length, self._num_generated, self._started = prompt_ids.numel(), 0, True
+        self._features_from = 0
         return self._run(prompt_ids, 0, last_only=True)[0]  # [V]
 
     @torch.inference_mode()
@@ -171,6 +177,25 @@ class NativeLM:
         logits = self._run(token_ids, self._prompt_length + self._num_generated, last_only=False)  # [n, V]
         self._num_generated += token_ids.numel()
         return logits
+
+    def keep_features(self) -> None:
+        """Keep each position's final-norm output (what the head reads) for `features`: an EAGLE drafter reads them.
+
+        A [max_length, hidden] buffer next to the KV cache, indexed by position, so rollback needs nothing more.
+        """
+        if self._cache.features is None:
+            self._cache.keep_features()
+            self._features_from = self._cached()  # earlier positions were computed without writing theirs
+
+    def features(self, start: int, end: int) -> torch.Tensor:
+        """Final-norm outputs [end - start, hidden] (float32) of the cached positions start .. end - 1."""
+        if self._cache.features is None:
+            raise RuntimeError(f"{self.name}: call keep_features() before the forward passes whose features you need")
+        cached = self._cached()
+        if not self._features_from <= start <= end <= cached:
+            raise ValueError(f"{self.name}: features of positions [{start}, {end}) asked; those of "
+                             f"[{self._features_from}, {cached}) are known")
+        return self._cache.features[start:end].float()
 
     def rollback(self, num_generated: int) -> None:
         """Forget generated tokens beyond the first num_generated: only the length moves, nothing is copied."""

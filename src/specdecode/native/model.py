@@ -21,7 +21,7 @@ from torch import nn
 from specdecode.native.config import NativeConfig
 from specdecode.native.rope import rope_tables
 
-__all__ = ["KVCache", "NativeTransformer", "DecoderLayer"]
+__all__ = ["KVCache", "NativeTransformer", "DecoderLayer", "attention_mask"]
 
 
 class KVCache:
@@ -40,9 +40,30 @@ class KVCache:
         self.k = list(self.storage[0].unbind(0))  # [1, KV, max_len, D] views
         self.v = list(self.storage[1].unbind(0))
         self.max_len = max_len
+        # [max_len, hidden]: each position's final-norm output (what the head reads), once `keep_features` asks
+        self.features: torch.Tensor | None = None
+        self._feature_shape = (max_len, config.hidden_size)
+
+    def keep_features(self) -> None:
+        """From now on, forward also writes each position's final-norm output into features[position]."""
+        if self.features is None:
+            self.features = torch.empty(self._feature_shape, dtype=self.storage.dtype, device=self.storage.device)
 
     def nbytes(self) -> int:
-        return self.storage.numel() * self.storage.element_size()
+        extra = 0 if self.features is None else self.features.numel() * self.features.element_size()
+        return self.storage.numel() * self.storage.element_size() + extra
+
+
+def attention_mask(positions: torch.Tensor, end: int, group: int) -> torch.Tensor | None:
+    """[group * n, end] bool, True = attend: token i (at positions[i]) sees slots 0..positions[i].
+
+    Rows in (query head of a key/value group, token) order, as DecoderLayer folds them. None for a single
+    token, which attends to every slot up to its own.
+    """
+    if positions.shape[0] == 1:
+        return None
+    allowed = torch.arange(end, device=positions.device)[None, :] <= positions[:, None]  # [n, end]
+    return allowed.repeat(group, 1)
 
 
 @contextlib.contextmanager
@@ -172,7 +193,8 @@ class NativeTransformer(nn.Module):
         """Logits [n, V] (or [1, V] with last_only) for token_ids [n] at positions [n].
 
         Writes each token's keys and values into its position's cache slot; the token at
-        position p attends to slots 0..p, which must hold the sequence's earlier tokens.
+        position p attends to slots 0..p, which must hold the sequence's earlier tokens. With
+        cache.features allocated it also writes each token's final-norm output there.
         end: max(positions) + 1 when the caller knows it (NativeLM does), so that a compiled forward
         does not break its graph to read it from the tensor; None checks and computes it here.
         """
@@ -181,16 +203,15 @@ class NativeTransformer(nn.Module):
             end = high + 1
             if end > cache.max_len or low < 0:
                 raise ValueError(f"positions must lie in [0, {cache.max_len}), got [{low}, {high}]")
-        n = token_ids.shape[0]
-        group = self.config.num_heads // self.config.num_kv_heads
-        mask = None  # a single token attends to every slot up to its own
-        if n > 1:
-            allowed = torch.arange(end, device=positions.device)[None, :] <= positions[:, None]  # [n, end]
-            mask = allowed.repeat(group, 1)  # [G*n, end], rows in (group head, token) order
+        mask = attention_mask(positions, end, self.config.num_heads // self.config.num_kv_heads)
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]  # [n, 1, D]
         x = self.embed(token_ids)  # [n, hidden]
         for layer, k_cache, v_cache in zip(self.layers, cache.k, cache.v):
             x = layer(x, cos, sin, positions, k_cache, v_cache, end, mask)
+        if cache.features is not None:  # every position's feature, even with last_only
+            x = self.norm(x)
+            cache.features.index_copy_(0, positions, x)
+            return self.lm_head(x[-1:] if last_only else x)
         if last_only:
             x = x[-1:]
         return self.lm_head(self.norm(x))  # [n, V]

@@ -1,0 +1,114 @@
+"""Distilling an EAGLE draft (`specdecode distill --eagle`): the target's features, the network, its loss.
+
+The network (`specdecode.native.eagle.EagleNetwork`) predicts token j + 1 from the target's feature
+f_{j-1} and the token x_j. Training reads the target's features of every training sequence, computed
+once and kept in the work directory (features.safetensors, float16), as the target's top-k
+distributions are. The loss is the distillation loss of the head's logits plus a smooth-L1
+regression of the network's g_j on f_j (EAGLE's feature loss), which is what lets the network
+stand in for the target's features deeper in a draft.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import save_file
+from tqdm.auto import tqdm
+
+from specdecode.distill.teacher import TeacherData
+from specdecode.distill.train import distill_loss, make_batches
+from specdecode.native.batched import decoder_stack
+from specdecode.native.eagle import EagleNetwork
+from specdecode.native.model import NativeTransformer
+
+__all__ = ["FEATURES_FILE", "target_features", "init_eagle", "EagleObjective"]
+
+FEATURES_FILE = "features.safetensors"
+
+
+@torch.no_grad()
+def target_features(target: NativeTransformer, data: TeacherData, workdir: Path, batch_tokens: int = 4096) -> list[torch.Tensor]:
+    """The target's final-norm outputs f [L_i, H] (float16) of every sequence of data, cached in workdir.
+
+    Computed once (a progress bar; batches of similar length) and saved keyed by sequence index;
+    a later run reads the file when it holds every sequence.
+    """
+    path = Path(workdir) / FEATURES_FILE
+    if path.is_file():
+        with safe_open(path, "pt") as f:
+            if set(f.keys()) == {str(i) for i in range(len(data))}:
+                features = [f.get_tensor(str(i)) for i in range(len(data))]
+                if all(len(x) == len(ids) for x, ids in zip(features, data.ids)):
+                    return features
+    features: dict[str, torch.Tensor] = {}
+    batches = make_batches([len(t) for t in data.ids], batch_tokens, random.Random(0))
+    for indices in tqdm(batches, desc="target features", unit="batch"):
+        ids = torch.zeros(len(indices), max(len(data.ids[i]) for i in indices), dtype=torch.long)
+        for row, i in enumerate(indices):
+            ids[row, : len(data.ids[i])] = data.ids[i]
+        out = target.norm(decoder_stack(target.layers, target.config, target.embed(ids)))  # [B, L, H]
+        for row, i in enumerate(indices):
+            features[str(i)] = out[row, : len(data.ids[i])].half().contiguous()
+    tmp = path.with_suffix(".tmp")
+    save_file(features, tmp)
+    tmp.replace(path)  # never a half-written file
+    return [features[str(i)] for i in range(len(data))]
+
+
+def init_eagle(target: NativeTransformer, output_ids: torch.Tensor, seed: int) -> EagleNetwork:
+    """A fresh EAGLE network for target: one decoder layer of its shape (torch's default initialisation), fc
+    starting as the mean of its inputs, and the head rows of output_ids taken from the target's head.
+
+    The head rows are rounded to bfloat16, as the draft directory stores them, so training sees what runs.
+    """
+    import dataclasses
+
+    torch.manual_seed(seed)
+    config = dataclasses.replace(target.config, num_layers=1, tie_word_embeddings=False)
+    network = EagleNetwork(config, output_ids.numel())
+    network.start_from_mean()
+    with torch.no_grad():
+        network.head_weight.copy_(target.lm_head.weight[output_ids].to(torch.bfloat16))
+    return network
+
+
+class EagleObjective:
+    """The network's logits and loss on sequences of one data set, reading their features and the target's embedding.
+
+    embedding: the target's token embedding table [V, H]; features: f [L_i, H] of each sequence, aligned
+    with the data set whose indices the methods take.
+    """
+
+    def __init__(self, network: EagleNetwork, embedding: torch.Tensor, features: Sequence[torch.Tensor],
+                 feature_weight: float = 1.0) -> None:
+        self.network = network
+        self.embedding = embedding
+        self.features = features
+        self.feature_weight = feature_weight
+
+    def _shifted(self, indices: Sequence[int], ids: torch.Tensor, shift: int) -> torch.Tensor:
+        """[B, L, H]: f_{j - shift} of the sequences at each position j (zero before the start and in the padding)."""
+        out = torch.zeros(*ids.shape, self.embedding.shape[1])
+        for row, i in enumerate(indices):
+            f = self.features[i].float()
+            out[row, shift : len(f)] = f[: len(f) - shift]
+        return out
+
+    def _g(self, indices: Sequence[int], ids: torch.Tensor) -> torch.Tensor:  # [B, L, H]
+        return self.network.sequence_features(self._shifted(indices, ids, 1), F.embedding(ids, self.embedding))
+
+    def logits(self, indices: Sequence[int], ids: torch.Tensor) -> torch.Tensor:
+        """[B, L, K]: teacher forced, every position reading the target's previous feature."""
+        return self.network.head(self._g(indices, ids))
+
+    def loss(self, indices: Sequence[int], ids: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor,
+             idx: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+        """Distillation loss of the head plus feature_weight x smooth-L1 of g_j against f_j (at the scored positions)."""
+        g = self._g(indices, ids)[rows, positions]  # [n, H]
+        f = self._shifted(indices, ids, 0)[rows, positions]
+        return distill_loss(self.network.head(g), idx, p) + self.feature_weight * F.smooth_l1_loss(g, f)

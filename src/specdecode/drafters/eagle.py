@@ -1,0 +1,175 @@
+"""The EAGLE drafter: an `EagleNetwork` reading the target's own features, and its draft directory.
+
+Where it stands in a step: the target has run over prompt + generated[:-1] (n - 1 positions, their
+final-norm features f kept by `NativeLM.keep_features`). The drafter feeds the positions its own
+cache lacks with the target's f (one batched step), then drafts token by token, each step reading
+the g it computed before. Its speculative positions are overwritten by the next proposal, which
+starts again from the target's features: rolling back is moving an integer.
+
+A draft directory (`specdecode distill --eagle`) is a distilled-draft directory whose
+draft_config.json says "kind": "eagle"; model.safetensors holds the network (bfloat16) and output_ids.
+It has no token embedding: it uses its target's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from specdecode.core.sampling import SamplingParams, probabilities, sample
+from specdecode.drafters.base import Draft
+from specdecode.drafters.distilled import CONFIG_FILE, FORMAT, WEIGHTS_FILE, read_draft_config
+from specdecode.native.config import NativeConfig
+from specdecode.native.eagle import EagleNetwork
+from specdecode.native.engine import NativeLM
+from specdecode.native.model import skipped_initialization
+
+__all__ = ["EAGLE_KIND", "EagleDrafter", "save_eagle", "load_eagle", "is_eagle_draft"]
+
+EAGLE_KIND = "eagle"
+
+
+class EagleDrafter:
+    """Samples gamma tokens from an EagleNetwork on `target`'s features and returns the q they came from.
+
+    target: the NativeLM being decoded; from construction on it keeps each position's features.
+    output_ids [K]: the target token of each head row (q is exactly zero for every other token).
+    quantize: 'int8' runs the network on int8 weights (`EagleNetwork.quantize_int8`, in place): a cheaper
+    step and a slightly different q, which is still exactly the q it samples from.
+    """
+
+    def __init__(self, network: EagleNetwork, output_ids: torch.Tensor, target: NativeLM, name: str = "eagle",
+                 quantize: str = "none") -> None:
+        if not isinstance(target, NativeLM):
+            raise TypeError(f"an EAGLE draft reads its target's features: the target must run on the native engine, "
+                            f"got {type(target).__name__}")
+        config, target_config = network.config, target.config
+        if (config.hidden_size, config.vocab_size) != (target_config.hidden_size, target_config.vocab_size):
+            raise ValueError(f"EAGLE draft {name}: built for hidden size {config.hidden_size} and vocabulary "
+                             f"{config.vocab_size}, the target has {target_config.hidden_size} and {target_config.vocab_size}")
+        if output_ids.shape != (network.output_vocab_size,):
+            raise ValueError(f"output_ids must have shape [{network.output_vocab_size}], got {tuple(output_ids.shape)}")
+        if quantize not in ("none", "int8"):
+            raise ValueError(f"quantize must be 'none' or 'int8', got {quantize!r}")
+        target.keep_features()
+        self.network = network.eval().requires_grad_(False)
+        if quantize == "int8":
+            network.quantize_int8()
+        self.quantize = quantize
+        self.output_ids = output_ids.long()
+        self.target = target
+        self.name = f"eagle:{name}"
+        self._embed = target.model.embed  # the target's token embedding (float, packed or int8)
+        self._cache = network.new_cache(target.max_length)
+        self._prompt = torch.zeros(0, dtype=torch.long)
+        self._tokens = torch.zeros(0, dtype=torch.long)  # the tokens of the cache slots computed from f
+        self._started = False
+
+    def start(self, prompt_ids: torch.Tensor) -> None:
+        self._prompt = torch.as_tensor(prompt_ids, dtype=torch.long).reshape(-1)
+        self._tokens = self._prompt[:0]
+        self._started = True
+
+    @torch.inference_mode()
+    def propose(
+        self, generated: torch.Tensor, gamma: int, sampling: SamplingParams, generator: torch.Generator | None
+    ) -> Draft:
+        if not self._started:
+            raise RuntimeError("call start() before propose()")
+        tokens = torch.cat([self._prompt, generated.long()])  # [n]; the target has features of 0 .. n - 2
+        n = tokens.numel()
+        gamma = min(gamma, self._cache.max_len - n + 1)  # draft positions n .. n + gamma - 2 must fit
+        if gamma < 1:
+            return Draft.empty()
+        g = self._catch_up(tokens)[-1:]  # [1, H] at position n - 1
+        drafted: list[int] = []
+        probs: list[torch.Tensor] = []
+        for i in range(gamma):
+            logits = self.network.head(g)[0].float()  # [K]
+            if sampling.greedy:
+                token = int(self.output_ids[logits.argmax()])  # the argmax of the widened q
+            else:  # q over the K head tokens, then widened with zeros: the same q as over V with -inf logits
+                q_head = probabilities(logits, sampling)  # [K]
+                token = int(self.output_ids[sample(q_head, generator)])
+                probs.append(widen_probabilities(q_head, self.output_ids, self.target.vocab_size))
+            drafted.append(token)
+            if i + 1 < gamma:  # its own g stands in for the feature the target has not computed
+                g = self.network.step(g, self._embed(torch.tensor([token])), n + i, self._cache)
+        token_tensor = torch.tensor(drafted, dtype=torch.long)
+        return Draft(token_tensor) if sampling.greedy else Draft(token_tensor, torch.stack(probs))
+
+    def _catch_up(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed the cache the positions it lacks up to n - 1, from the target's features; g of those [m, H]."""
+        n = tokens.numel()
+        known = min(self._tokens.numel(), n - 1)  # keep the last position: its g starts the draft
+        differs = (self._tokens[:known] != tokens[:known]).nonzero()
+        start = int(differs[0]) if len(differs) else known
+        features = self.target.features(max(start - 1, 0), n - 1)  # f_{start-1} .. f_{n-2}
+        if start == 0:  # f_{-1} is zero
+            features = torch.cat([features.new_zeros(1, features.shape[1]), features])
+        self._tokens = tokens
+        return self.network.step(features, self._embed(tokens[start:]), start, self._cache)
+
+    def observe(self, draft: Draft, num_accepted: int) -> None:
+        """Nothing to do: the next proposal overwrites the speculative positions from the target's features."""
+
+
+def widen_probabilities(q: torch.Tensor, output_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """q [K] over the tokens output_ids as q [vocab_size], zero for every other token.
+
+    Equal to probabilities(widen_logits(...)): temperature, top-k and top-p never give a -inf logit mass.
+    """
+    full = q.new_zeros(vocab_size)
+    full[output_ids] = q
+    return full
+
+
+def is_eagle_draft(path: str | Path) -> bool:
+    config_path = Path(path) / CONFIG_FILE
+    return config_path.is_file() and read_draft_config(Path(path)).get("kind") == EAGLE_KIND
+
+
+def save_eagle(directory: Path, network: EagleNetwork, output_ids: torch.Tensor, target: str, tokenizer, report: dict) -> None:
+    """Write an EAGLE draft directory (config, bfloat16 weights with output_ids, tokenizer); the model card is separate."""
+    import json
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in network.state_dict().items()}
+    state["output_ids"] = output_ids.to(torch.int32).contiguous()
+    save_file(state, directory / WEIGHTS_FILE)
+    config = {
+        "format": FORMAT,
+        "version": 1,
+        "kind": EAGLE_KIND,
+        "target": target,
+        "output_vocab_size": int(output_ids.numel()),
+        "native_config": network.config.to_dict(),
+        "report": dict(report),
+    }
+    (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    if tokenizer is not None:
+        tokenizer.save_pretrained(directory)
+
+
+def load_eagle(directory: str | Path, dtype: torch.dtype = torch.float32) -> tuple[EagleNetwork, torch.Tensor, dict]:
+    """The network of an EAGLE draft directory, its output_ids [K] and its draft_config.json contents."""
+    directory = Path(directory)
+    config = read_draft_config(directory)
+    if config.get("kind") != EAGLE_KIND:
+        raise ValueError(f"{directory} is not an EAGLE draft (kind={config.get('kind')!r})")
+    if not (directory / WEIGHTS_FILE).is_file():
+        raise FileNotFoundError(f"EAGLE draft {directory} has no {WEIGHTS_FILE}")
+    state = load_file(directory / WEIGHTS_FILE)
+    output_ids = state.pop("output_ids").long()
+    with torch.device("meta"), skipped_initialization():
+        network = EagleNetwork(NativeConfig.from_dict(config["native_config"]), output_ids.numel(), dtype)
+    missing = set(network.state_dict()) - set(state)
+    if missing:
+        raise ValueError(f"EAGLE draft {directory} lacks tensors {sorted(missing)[:5]}")
+    network.load_state_dict({k: v.to(dtype) for k, v in state.items()}, assign=True)
+    network.rope_cos = torch.zeros(0, 1, network.config.head_dim, dtype=dtype)  # off the meta device
+    network.rope_sin = torch.zeros(0, 1, network.config.head_dim, dtype=dtype)
+    return network.eval().requires_grad_(False), output_ids, config

@@ -1,0 +1,105 @@
+"""An EAGLE-style draft network (Li et al. 2024, "EAGLE: Speculative Sampling Requires Rethinking Feature
+Uncertainty"): one decoder layer that reads the target's own features.
+
+The target's feature f_j is its final-norm output at position j (what its head reads). To predict
+token j + 1 the network reads f_{j-1} and the token x_j:
+
+    g_j = layer(fc([norm(f_{j-1}); norm(embed(x_j))]))      g_j ~ f_j, trained to regress it
+    logits_j = head(g_j)                                    head: the target's output rows of K tokens
+
+f_{-1} is zero. Deeper in a draft, where the target has not run yet, the network's own g stands in for
+f. The token embedding is the target's, so the network takes embedded tokens; the head rows are a
+buffer (fixed, not trained). Shapes: n positions, hidden H, K output tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specdecode.native.batched import decoder_stack
+from specdecode.native.config import NativeConfig
+from specdecode.native.model import DecoderLayer, KVCache, RMSNorm, attention_mask
+from specdecode.native.rope import rope_tables
+
+__all__ = ["EagleNetwork"]
+
+
+class EagleNetwork(nn.Module):
+    """fc over [norm(previous feature); norm(token embedding)], one decoder layer of the target's shape, fixed head."""
+
+    def __init__(self, config: NativeConfig, output_vocab_size: int, dtype: torch.dtype = torch.float32, device=None) -> None:
+        super().__init__()
+        if config.num_layers != 1:
+            raise ValueError(f"an EAGLE network has one decoder layer; its config says num_layers={config.num_layers}")
+        hidden = config.hidden_size
+        self.config = config
+        self.dtype = dtype
+        self.feature_norm = RMSNorm(hidden, config.rms_norm_eps, dtype, device)
+        self.embed_norm = RMSNorm(hidden, config.rms_norm_eps, dtype, device)
+        self.fc = nn.Linear(2 * hidden, hidden, dtype=dtype, device=device)
+        self.layer = DecoderLayer(config, dtype, device)
+        self.register_buffer("head_weight", torch.zeros(output_vocab_size, hidden, dtype=dtype, device=device))  # [K, H]
+        self.int8_head: nn.Module | None = None  # set by quantize_int8: the head rows in int8
+        self.register_buffer("rope_cos", torch.zeros(0, 1, config.head_dim, dtype=dtype), persistent=False)
+        self.register_buffer("rope_sin", torch.zeros(0, 1, config.head_dim, dtype=dtype), persistent=False)
+
+    @property
+    def output_vocab_size(self) -> int:
+        return self.head_weight.shape[0]
+
+    def start_from_mean(self) -> None:
+        """fc starts as the mean of its two (normalised) inputs, so the layer first sees a token-and-context mix."""
+        hidden = self.config.hidden_size
+        with torch.no_grad():
+            eye = torch.eye(hidden, dtype=self.fc.weight.dtype, device=self.fc.weight.device)
+            self.fc.weight.copy_(torch.cat([eye, eye], dim=1) * 0.5)
+            self.fc.bias.zero_()
+
+    def head(self, g: torch.Tensor) -> torch.Tensor:  # [..., H] -> [..., K]; int8: [n, H] -> [n, K]
+        return F.linear(g, self.head_weight) if self.int8_head is None else self.int8_head(g)
+
+    def quantize_int8(self) -> "EagleNetwork":
+        """Run fc, the layer's linears and the head on int8 weights (`specdecode.native.quant`), in place.
+
+        For drafting only: half of a float32 step's time on a CPU, since a step reads every weight once.
+        The head rows' float buffer is kept (it is what the draft directory stores).
+        """
+        from specdecode.native.quant import Int8Linear, quantize_per_channel
+
+        self.fc = Int8Linear.from_linear(self.fc)
+        for name in ("qkv", "o", "gate_up", "down"):
+            setattr(self.layer, name, Int8Linear.from_linear(getattr(self.layer, name)))
+        self.int8_head = Int8Linear(*quantize_per_channel(self.head_weight))
+        return self
+
+    def _input(self, previous: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:  # [..., H] x2 -> [..., H]
+        return self.fc(torch.cat([self.feature_norm(previous), self.embed_norm(embedded)], dim=-1))
+
+    def sequence_features(self, previous: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:
+        """g [B, L, H] for whole sequences from position 0 (training): previous [B, L, H] = f shifted by one."""
+        return decoder_stack([self.layer], self.config, self._input(previous, embedded))
+
+    def new_cache(self, max_len: int) -> KVCache:
+        """The layer's KV cache for positions [0, max_len), with RoPE tables to match."""
+        if self.rope_cos.shape[0] < max_len:
+            cos, sin = rope_tables(self.config, max_len)  # [max_len, D] float32
+            self.rope_cos = cos[:, None].to(self.dtype).to(self.head_weight.device)  # [max_len, 1, D]
+            self.rope_sin = sin[:, None].to(self.dtype).to(self.head_weight.device)
+        return KVCache(self.config, max_len, self.dtype, self.head_weight.device)
+
+    def step(self, previous: torch.Tensor, embedded: torch.Tensor, start: int, cache: KVCache) -> torch.Tensor:
+        """g [n, H] at positions start .. start + n - 1 from previous and embedded [n, H], through `cache`.
+
+        Slots 0 .. start - 1 of the cache must hold this sequence's earlier positions.
+        """
+        n = previous.shape[0]
+        end = start + n
+        if end > cache.max_len:
+            raise ValueError(f"positions up to {end - 1} do not fit a cache of {cache.max_len}")
+        positions = torch.arange(start, end, device=previous.device)
+        mask = attention_mask(positions, end, self.config.num_heads // self.config.num_kv_heads)
+        x = self._input(previous.to(self.dtype), embedded.to(self.dtype))
+        cos, sin = self.rope_cos[start:end], self.rope_sin[start:end]
+        return self.layer(x, cos, sin, positions, cache.k[0], cache.v[0], end, mask)
