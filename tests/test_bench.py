@@ -462,3 +462,5 @@ def test_default_drafts_are_the_bundled_model_draft_the_auto_draft_and_the_basel
     # the default target ships a draft, and 'auto' is it with prompt lookup on repeats
     assert default_drafts() == ("bundled", "bundled+ngram", "ngram", "unigram", "bigram")
     assert default_drafts("some/other-model") == ("ngram", "unigram", "bigram")
+    # the bundled draft is an EAGLE draft: it reads the target's features, which transformers does not keep
+    assert default_drafts(backend="hf") == ("ngram", "unigram", "bigram")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,9 +21,8 @@ from specdecode import backends
 from specdecode.models.loading import DEFAULT_TARGET, LoadedModel
 from specdecode.native.loading import NativeModelInfo
 
-logger = logging.getLogger(__name__)
-
-__all__ = ["Pipeline", "StopStrings", "DEFAULT_DRAFT", "make_drafter", "resolve_draft_name", "default_gamma"]
+__all__ = ["Pipeline", "StopStrings", "DEFAULT_DRAFT", "make_drafter", "resolve_draft_name", "bundled_draft_runs",
+           "default_gamma"]
 
 DEFAULT_DRAFT = "auto"  # see AUTO_DRAFT
 # What 'auto' means: the target's bundled distilled draft, with prompt lookup wherever the context repeats,
@@ -37,11 +35,20 @@ AUTO_GAMMA = 1  # --gamma when not given with the 'auto' draft
 DEFAULT_GAMMA = 4  # --gamma when not given with any other draft
 
 
-def resolve_draft_name(spec: str, target: str = DEFAULT_TARGET) -> str:
-    """A draft name with 'auto' replaced by what it means today for `target`; other names unchanged."""
+def resolve_draft_name(spec: str, target: str = DEFAULT_TARGET, native: bool = True) -> str:
+    """A draft name with 'auto' replaced by what it means today for `target`; other names unchanged.
+
+    native: whether the target runs on the native engine, which an EAGLE draft (reading its features) needs.
+    """
     if spec != "auto":
         return spec
-    return AUTO_DRAFT if bundled_draft_dir(target) is not None else AUTO_DRAFT_WITHOUT_BUNDLED
+    return AUTO_DRAFT if bundled_draft_runs(target, native) else AUTO_DRAFT_WITHOUT_BUNDLED
+
+
+def bundled_draft_runs(target: str, native: bool) -> bool:
+    """Whether `target` has a bundled draft that can run with it (an EAGLE draft needs the native engine)."""
+    path = bundled_draft_dir(target)
+    return path is not None and (native or not is_eagle_draft(path))
 
 
 def default_gamma(draft: str | None) -> int:
@@ -89,11 +96,7 @@ def make_drafter(spec: str | None, target: LoadedModel, backend: str = "auto") -
     """
     if spec is None or spec == "none":
         return None
-    if spec == "auto" and not isinstance(target.model, NativeLM) and _bundled_is_eagle(target.source):
-        logger.info("draft auto: the bundled draft reads the target's features on the native engine; "
-                    "with this backend, prompt lookup alone")
-        return PromptLookupDrafter()
-    spec = resolve_draft_name(spec, target.source)
+    spec = resolve_draft_name(spec, target.source, native=isinstance(target.model, NativeLM))
     if spec == "ngram":
         return PromptLookupDrafter()
     with_lookup = spec.endswith("+ngram")
@@ -113,11 +116,6 @@ def make_drafter(spec: str | None, target: LoadedModel, backend: str = "auto") -
     check_vocabularies(target.tokenizer, draft.tokenizer, target.model.vocab_size, draft.model.vocab_size)
     drafter = ModelDrafter(draft.model)
     return LookupThenModelDrafter(drafter) if with_lookup else drafter
-
-
-def _bundled_is_eagle(target: str) -> bool:
-    path = bundled_draft_dir(target)
-    return path is not None and is_eagle_draft(path)
 
 
 def eagle_drafter(directory: str, target: LoadedModel) -> EagleDrafter:

@@ -15,14 +15,14 @@ STATISTICAL_DRAFTS = ("unigram", "bigram")  # fitted by the bench itself (the pa
 PEERS = ("prompt-lookup", "assisted")  # Hugging Face generate(...) peers; plain generate is their baseline
 
 
-def default_drafts(target: str = DEFAULT_TARGET) -> tuple[str, ...]:
-    """The target's bundled model draft (if it has one), the draft `--draft auto` resolves to today,
-    prompt lookup, unigram and bigram."""
-    from specdecode.drafters.distilled import bundled_draft_dir
-    from specdecode.pipeline import DEFAULT_DRAFT, resolve_draft_name
+def default_drafts(target: str = DEFAULT_TARGET, backend: str = "auto") -> tuple[str, ...]:
+    """The target's bundled model draft (if it has one that runs on `backend`), the draft `--draft auto`
+    resolves to today, prompt lookup, unigram and bigram."""
+    from specdecode.pipeline import DEFAULT_DRAFT, bundled_draft_runs, resolve_draft_name
 
-    model = ("bundled",) if bundled_draft_dir(target) is not None else ()
-    return _unique((*model, resolve_draft_name(DEFAULT_DRAFT, target), "ngram", *STATISTICAL_DRAFTS))
+    native = backend != "hf"  # 'auto' loads a target with a bundled draft (a Llama) on the native engine
+    model = ("bundled",) if bundled_draft_runs(target, native) else ()
+    return _unique((*model, resolve_draft_name(DEFAULT_DRAFT, target, native), "ngram", *STATISTICAL_DRAFTS))
 
 
 def _unique(items) -> tuple:
@@ -52,7 +52,7 @@ class BenchConfig:
     prompts: str
     out: Path
     target: str = DEFAULT_TARGET
-    drafts: tuple[str, ...] | None = None  # all swept over gammas; default: default_drafts(target)
+    drafts: tuple[str, ...] | None = None  # all swept over gammas; default: default_drafts(target, backend)
     category_drafts: tuple[str, ...] | None = None  # also run on every prompt at `gamma`; default: drafts less unigram/bigram
     backend: str = "auto"
     gamma: int | None = None  # the gamma of the per-category table and of the peers
@@ -75,7 +75,7 @@ class BenchConfig:
         """A copy with every None filled in (from QUICK when quick) and the value lists cleaned up; validated."""
         preset = QUICK if self.quick else _DEFAULTS
         values = {k: (preset[k] if getattr(self, k) is None and k in preset else getattr(self, k)) for k in preset}
-        drafts = _unique(self.drafts) if self.drafts is not None else default_drafts(self.target)
+        drafts = _unique(self.drafts) if self.drafts is not None else default_drafts(self.target, self.backend)
         category = (
             _unique(self.category_drafts)
             if self.category_drafts is not None
