@@ -10,6 +10,7 @@ stand in for the target's features deeper in a draft.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Sequence
 from pathlib import Path
@@ -66,8 +67,6 @@ def init_eagle(target: NativeTransformer, output_ids: torch.Tensor, seed: int) -
 
     The head rows are rounded to bfloat16, as the draft directory stores them, so training sees what runs.
     """
-    import dataclasses
-
     torch.manual_seed(seed)
     config = dataclasses.replace(target.config, num_layers=1, tie_word_embeddings=False)
     network = EagleNetwork(config, output_ids.numel())

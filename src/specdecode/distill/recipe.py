@@ -2,6 +2,7 @@
 
     work directory (--out)
       data.json, responses-*.safetensors, text-*.safetensors   the target's data (specdecode.distill.data)
+      features.safetensors  with --eagle: the target's final-norm features of every sequence (float16)
       init.pt            the draft's initial weights and output vocabulary
       checkpoint.pt      training state, every --checkpoint-every steps
       draft/             the finished draft (load it with --draft PATH), with its model card
@@ -33,7 +34,7 @@ from specdecode.native.loading import native_from_hf_model
 from specdecode.native.model import NativeTransformer
 from specdecode.native.quant import Int8Embedding, quantize_per_channel
 
-__all__ = ["DraftArchitecture", "distill", "choose_output_ids", "held_out_indices", "split_held_out", "init_draft", "weight_count"]
+__all__ = ["DraftArchitecture", "distill", "choose_output_ids", "held_out_indices", "init_draft", "weight_count"]
 
 logger = logging.getLogger(__name__)
 
@@ -112,13 +113,6 @@ def held_out_indices(categories: Sequence[str], fraction: float, seed: int) -> l
         members = [i for i, c in enumerate(categories) if c == category]
         held += rng.sample(members, round(fraction * len(members)))
     return sorted(held)
-
-
-def split_held_out(data: TeacherData, fraction: float, seed: int) -> tuple[TeacherData, TeacherData]:
-    """(train, held-out) by whole sequences, the same share of each category held out."""
-    held = held_out_indices(data.categories, fraction, seed)
-    held_set = set(held)
-    return data.subset([i for i in range(len(data)) if i not in held_set]), data.subset(held)
 
 
 def choose_output_ids(data: TeacherData, size: int, vocab_size: int, always: list[int]) -> torch.Tensor:
