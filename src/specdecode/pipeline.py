@@ -25,10 +25,11 @@ __all__ = ["Pipeline", "StopStrings", "DEFAULT_DRAFT", "make_drafter", "resolve_
            "default_gamma"]
 
 DEFAULT_DRAFT = "auto"  # see AUTO_DRAFT
-# What 'auto' means: the target's bundled distilled draft, with prompt lookup wherever the context repeats,
-# one draft token per target call. On Spec-Bench on a 2-core CPU that is the best measured pair (median over
-# the categories 1.19x at T=0, 1.13x at T=1 over the target alone; prompt lookup alone 1.10x / 1.04x;
-# docs/benchmarks.md). A target without a bundled draft gets prompt lookup alone.
+# What 'auto' means: the target's bundled distilled draft (for the default target an EAGLE draft, which
+# needs the native engine), with prompt lookup wherever the context repeats, one draft token per target call.
+# On Spec-Bench on a 2-core CPU that is the best measured pair (median over the categories 1.26x at T=0,
+# 1.23x at T=1 over the target alone; prompt lookup alone 1.09x / 1.03x; docs/benchmarks.md). A target
+# without a bundled draft that can run with it gets prompt lookup alone.
 AUTO_DRAFT = "bundled+ngram"
 AUTO_DRAFT_WITHOUT_BUNDLED = "ngram"
 AUTO_GAMMA = 1  # --gamma when not given with the 'auto' draft
