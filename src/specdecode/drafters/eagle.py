@@ -13,6 +13,7 @@ It has no token embedding: it uses its target's.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -133,8 +134,6 @@ def is_eagle_draft(path: str | Path) -> bool:
 
 def save_eagle(directory: Path, network: EagleNetwork, output_ids: torch.Tensor, target: str, tokenizer, report: dict) -> None:
     """Write an EAGLE draft directory (config, bfloat16 weights with output_ids, tokenizer); the model card is separate."""
-    import json
-
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in network.state_dict().items()}
