@@ -122,24 +122,29 @@ def test_distill_writes_a_loadable_draft_that_learned(distilled, tiny_target):
     assert after < before - 0.1, f"distillation did not lower the loss: {before:.3f} -> {after:.3f}"
 
 
-def test_resume_after_interruption_gives_the_same_draft(distilled, tiny_target, tmp_path, monkeypatch):
-    target, prompts = tiny_target
-    reference = load_draft_transformer(distilled[0] / "draft")[0].state_dict()
+def _distill_interrupted_at_step_five(monkeypatch, *args, **kwargs) -> None:
+    """distill(*args, **kwargs), stopped by a KeyboardInterrupt at its fifth optimiser step (as by Ctrl-C)."""
     steps = {"n": 0}
     original = torch.optim.AdamW.step
 
-    def crash_after_five(self, *args, **kwargs):
+    def crash_after_five(self, *step_args, **step_kwargs):
         steps["n"] += 1
         if steps["n"] == 5:
             raise KeyboardInterrupt
-        return original(self, *args, **kwargs)
+        return original(self, *step_args, **step_kwargs)
 
     monkeypatch.setattr(torch.optim.AdamW, "step", crash_after_five)
-    train = TrainConfig(epochs=4, batch_tokens=256, checkpoint_every=3, lr=1e-2, warmup_steps=2)
     with pytest.raises(KeyboardInterrupt):
-        distill(str(target), tmp_path, _data(prompts), ARCH, train, held_out=0.25)
-    assert (tmp_path / "checkpoint.pt").is_file() and not (tmp_path / "draft").exists()
+        distill(*args, **kwargs)
     monkeypatch.setattr(torch.optim.AdamW, "step", original)
+
+
+def test_resume_after_interruption_gives_the_same_draft(distilled, tiny_target, tmp_path, monkeypatch):
+    target, prompts = tiny_target
+    reference = load_draft_transformer(distilled[0] / "draft")[0].state_dict()
+    train = TrainConfig(epochs=4, batch_tokens=256, checkpoint_every=3, lr=1e-2, warmup_steps=2)
+    _distill_interrupted_at_step_five(monkeypatch, str(target), tmp_path, _data(prompts), ARCH, train, held_out=0.25)
+    assert (tmp_path / "checkpoint.pt").is_file() and not (tmp_path / "draft").exists()
     distill(str(target), tmp_path, _data(prompts), ARCH, train, held_out=0.25)
     resumed = load_draft_transformer(tmp_path / "draft")[0].state_dict()
     for name, tensor in reference.items():
@@ -403,19 +408,7 @@ def test_eagle_distillation_resumes_to_the_same_draft_and_refuses_another_kinds_
     from specdecode.drafters.eagle import load_eagle
 
     target, prompts = tiny_target
-    steps = {"n": 0}
-    original = torch.optim.AdamW.step
-
-    def crash_after_five(self, *args, **kwargs):
-        steps["n"] += 1
-        if steps["n"] == 5:
-            raise KeyboardInterrupt
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(torch.optim.AdamW, "step", crash_after_five)
-    with pytest.raises(KeyboardInterrupt):
-        distill(str(target), tmp_path, _data(prompts), EAGLE, EAGLE_TRAIN, held_out=0.25)
-    monkeypatch.setattr(torch.optim.AdamW, "step", original)
+    _distill_interrupted_at_step_five(monkeypatch, str(target), tmp_path, _data(prompts), EAGLE, EAGLE_TRAIN, held_out=0.25)
     distill(str(target), tmp_path, _data(prompts), EAGLE, EAGLE_TRAIN, held_out=0.25)
     reference = load_eagle(eagle_distilled[0] / "draft")[0].state_dict()
     for name, tensor in load_eagle(tmp_path / "draft")[0].state_dict().items():

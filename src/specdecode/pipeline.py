@@ -11,9 +11,8 @@ import torch
 from specdecode.core.sampling import SamplingParams
 from specdecode.decoding import GenerationResult, TokenStream, stream
 from specdecode.drafters import Drafter, LookupThenModelDrafter, ModelDrafter, PromptLookupDrafter
-from specdecode.drafters.distilled import bundled_draft_dir, is_distilled_draft, load_distilled
+from specdecode.drafters.distilled import bundled_draft_dir, is_distilled_draft, load_distilled, saved_tokenizer
 from specdecode.drafters.eagle import EagleDrafter, is_eagle_draft, load_eagle
-from specdecode.models.tokenizer import load_saved_tokenizer
 from specdecode.native.engine import NativeLM
 from specdecode.native.quant import int8_kernel_available
 from specdecode.models.compat import check_vocabularies
@@ -128,7 +127,7 @@ def eagle_drafter(directory: str, target: LoadedModel) -> EagleDrafter:
         raise ValueError(f"draft: {directory} is an EAGLE draft, which reads the target's features; "
                          "it needs the target on the native engine (--backend native or auto)")
     network, output_ids, _ = load_eagle(directory)
-    tokenizer = load_saved_tokenizer(directory) if (Path(directory) / "tokenizer_config.json").is_file() else None
+    tokenizer = saved_tokenizer(Path(directory))
     check_vocabularies(target.tokenizer, tokenizer, target.model.vocab_size, network.config.vocab_size)
     # int8 where torch's int8 CPU kernel runs: half the draft's time, the same alpha (docs/distill.md)
     quantize = "int8" if target.model.device.type == "cpu" and int8_kernel_available() else "none"

@@ -15,7 +15,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -179,8 +179,10 @@ def weight_count(model: torch.nn.Module) -> int:
 
 
 def _start_eagle(loaded, out: Path, data: TeacherData, train_indices: list[int], held: list[int],
-                 output_ids: torch.Tensor, seed: int):
+                 choose_output: Callable[[], torch.Tensor], seed: int):
     """An EAGLE network (from out/init.pt when resuming), its output_ids, the training loss and held-out logits.
+
+    choose_output() gives the head's token ids of a fresh start; a resumed one reads them from init.pt.
 
     Reads (or first computes) the target's features of every sequence, and keeps the target's embedding table.
     """
@@ -195,6 +197,7 @@ def _start_eagle(loaded, out: Path, data: TeacherData, train_indices: list[int],
         network = init_eagle(target, output_ids, seed)
         network.load_state_dict(init["model"])
     else:
+        output_ids = choose_output()
         network = init_eagle(target, output_ids, seed)
         torch.save({"model": network.state_dict(), "output_ids": output_ids, "kind": "eagle"}, init_path)
     embedding = target.embed.weight.detach()
@@ -239,8 +242,8 @@ def distill(
     features_started = time.perf_counter()
     if architecture.eagle:
         model, output_ids, train_loss, eval_logits = _start_eagle(
-            loaded, out, data, train_indices, held, choose_output_ids(train_data, architecture.output_vocab, vocab_size, eos),
-            train_config.seed,
+            loaded, out, data, train_indices, held,
+            lambda: choose_output_ids(train_data, architecture.output_vocab, vocab_size, eos), train_config.seed,
         )
         features_seconds = time.perf_counter() - features_started  # mostly the target's features
     elif init_path.is_file():  # resuming: the same start, whatever the RNG did since

@@ -35,6 +35,9 @@ __all__ = [
     "ReducedVocabLM",
     "widen_logits",
     "read_draft_config",
+    "read_draft_weights",
+    "write_draft_directory",
+    "saved_tokenizer",
     "build_draft_transformer",
     "save_draft",
     "load_draft_transformer",
@@ -77,26 +80,48 @@ def save_draft(
 
     An `Int8Embedding` (a draft cut from its target) is stored as it is: int8 `embed.qweight`, float32 `embed.scales`.
     """
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     state = {
         k: (v if k in _INT8_EMBEDDING_KEYS else v.to(torch.bfloat16)).detach().contiguous()
         for k, v in model.state_dict().items()
         if not k.startswith("rope_")
     }
-    state["output_ids"] = output_ids.to(torch.int32).contiguous()
-    save_file(state, directory / WEIGHTS_FILE)
+    write_draft_directory(directory, state, output_ids, model.config, target, tokenizer, report)
+
+
+def write_draft_directory(directory: Path, state: Mapping[str, torch.Tensor], output_ids: torch.Tensor,
+                          native_config: NativeConfig, target: str, tokenizer, report: Mapping,
+                          kind: str | None = None) -> None:
+    """Write a draft directory: weights `state` with output_ids, draft_config.json (with `kind` when given), tokenizer."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file({**state, "output_ids": output_ids.to(torch.int32).contiguous()}, directory / WEIGHTS_FILE)
     config = {
         "format": FORMAT,
         "version": 1,
+        **({"kind": kind} if kind else {}),
         "target": target,
         "output_vocab_size": int(output_ids.numel()),
-        "native_config": model.config.to_dict(),
+        "native_config": native_config.to_dict(),
         "report": dict(report),
     }
     (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
     if tokenizer is not None:
         tokenizer.save_pretrained(directory)
+
+
+def read_draft_weights(directory: Path, label: str) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """(the weights of a draft directory, its output_ids [K]); label names the draft in the error if they are missing."""
+    if not (directory / WEIGHTS_FILE).is_file():
+        raise FileNotFoundError(f"{label} {directory} has no {WEIGHTS_FILE}")
+    state = load_file(directory / WEIGHTS_FILE)
+    return state, state.pop("output_ids").long()
+
+
+def saved_tokenizer(directory: Path):
+    """The tokenizer saved in a draft directory, or None when it holds none."""
+    from specdecode.models.tokenizer import load_saved_tokenizer
+
+    return load_saved_tokenizer(directory) if (directory / "tokenizer_config.json").is_file() else None
 
 
 def is_distilled_draft(path: str | Path) -> bool:
@@ -124,10 +149,7 @@ def load_draft_transformer(directory: str | Path, dtype: torch.dtype = torch.flo
     if config.get("kind", "transformer") != "transformer":
         raise ValueError(f"{directory} is a {config['kind']!r} draft, not a standalone transformer: it runs next to "
                          "its target (specdecode generate --draft PATH)")
-    if not (directory / WEIGHTS_FILE).is_file():
-        raise FileNotFoundError(f"distilled draft {directory} has no {WEIGHTS_FILE}")
-    state = load_file(directory / WEIGHTS_FILE)
-    output_ids = state.pop("output_ids").long()
+    state, output_ids = read_draft_weights(directory, "distilled draft")
     native = NativeConfig.from_dict(config["native_config"])
     with torch.device("meta"), skipped_initialization():  # no memory until the weights are assigned
         # model.dtype sizes its KV cache; an int8 embedding stays so: the same rows at a quarter of the memory
@@ -189,7 +211,6 @@ def load_distilled(
     directory: str | Path, max_cache_len: int = 4096, dtype: torch.dtype = torch.float32, **engine_options
 ) -> LoadedModel:
     """A distilled draft on the native engine, as a LoadedModel (hf_model holds its configs only)."""
-    from specdecode.models.tokenizer import load_saved_tokenizer
     from specdecode.native.loading import NativeModelInfo
 
     directory = Path(directory)
@@ -198,7 +219,7 @@ def load_distilled(
     engine: LanguageModel = NativeLM(model, name=name, max_cache_len=max_cache_len, **engine_options)
     if output_ids.numel() != model.config.vocab_size:
         engine = ReducedVocabLM(engine, output_ids, model.config.vocab_size)
-    tokenizer = load_saved_tokenizer(directory) if (directory / "tokenizer_config.json").is_file() else None
+    tokenizer = saved_tokenizer(directory)
     info = NativeModelInfo(None, model.config)
     return LoadedModel(engine, tokenizer, info, str(directory))
 

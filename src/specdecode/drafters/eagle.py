@@ -13,15 +13,13 @@ It has no token embedding: it uses its target's.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 
 from specdecode.core.sampling import SamplingParams, probabilities, sample
 from specdecode.drafters.base import Draft
-from specdecode.drafters.distilled import CONFIG_FILE, FORMAT, WEIGHTS_FILE, read_draft_config
+from specdecode.drafters.distilled import CONFIG_FILE, read_draft_config, read_draft_weights, write_draft_directory
 from specdecode.native.config import NativeConfig
 from specdecode.native.eagle import EagleNetwork
 from specdecode.native.engine import NativeLM
@@ -134,23 +132,8 @@ def is_eagle_draft(path: str | Path) -> bool:
 
 def save_eagle(directory: Path, network: EagleNetwork, output_ids: torch.Tensor, target: str, tokenizer, report: dict) -> None:
     """Write an EAGLE draft directory (config, bfloat16 weights with output_ids, tokenizer); the model card is separate."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in network.state_dict().items()}
-    state["output_ids"] = output_ids.to(torch.int32).contiguous()
-    save_file(state, directory / WEIGHTS_FILE)
-    config = {
-        "format": FORMAT,
-        "version": 1,
-        "kind": EAGLE_KIND,
-        "target": target,
-        "output_vocab_size": int(output_ids.numel()),
-        "native_config": network.config.to_dict(),
-        "report": dict(report),
-    }
-    (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-    if tokenizer is not None:
-        tokenizer.save_pretrained(directory)
+    write_draft_directory(directory, state, output_ids, network.config, target, tokenizer, report, kind=EAGLE_KIND)
 
 
 def load_eagle(directory: str | Path, dtype: torch.dtype = torch.float32) -> tuple[EagleNetwork, torch.Tensor, dict]:
@@ -159,10 +142,7 @@ def load_eagle(directory: str | Path, dtype: torch.dtype = torch.float32) -> tup
     config = read_draft_config(directory)
     if config.get("kind") != EAGLE_KIND:
         raise ValueError(f"{directory} is not an EAGLE draft (kind={config.get('kind')!r})")
-    if not (directory / WEIGHTS_FILE).is_file():
-        raise FileNotFoundError(f"EAGLE draft {directory} has no {WEIGHTS_FILE}")
-    state = load_file(directory / WEIGHTS_FILE)
-    output_ids = state.pop("output_ids").long()
+    state, output_ids = read_draft_weights(directory, "EAGLE draft")
     with torch.device("meta"), skipped_initialization():
         network = EagleNetwork(NativeConfig.from_dict(config["native_config"]), output_ids.numel(), dtype)
     missing = set(network.state_dict()) - set(state)
