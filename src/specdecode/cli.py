@@ -54,11 +54,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _gamma(text: str) -> int:
+    """argparse type of --gamma: an integer >= 1."""
+    try:
+        gamma = int(text)
+    except ValueError:
+        gamma = 0
+    if gamma < 1:
+        raise argparse.ArgumentTypeError(f"gamma must be an integer >= 1, got {text!r}")
+    return gamma
+
+
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     """The model options a subcommand shares: --target, --draft, --gamma."""
     parser.add_argument("--target", default=DEFAULT_TARGET, help=f"target model: {DEFAULT_TARGET} (default), a .gguf file or an HF directory/id")
     parser.add_argument("--draft", default=DEFAULT_DRAFT, help="draft: 'auto' (default: 'bundled+ngram' where the target has a bundled draft, else 'ngram'), 'ngram' (prompt lookup), 'bundled', 'bundled+ngram', 'none' (target alone), or a model path/id (add '+ngram' to prefer prompt lookup on repeats)")
-    parser.add_argument("--gamma", type=int, default=None, help=f"draft tokens per target call (default {AUTO_GAMMA} with --draft auto, else {DEFAULT_GAMMA})")
+    parser.add_argument("--gamma", type=_gamma, default=None, help=f"draft tokens per target call (default {AUTO_GAMMA} with --draft auto, else {DEFAULT_GAMMA})")
     parser.add_argument("--backend", choices=BACKENDS, default="auto", help="engine: native (fast PyTorch Llama/Qwen2), hf (transformers), auto (default: native where supported)")
 
 
@@ -74,8 +85,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         prompts = _prompts(args)
         sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
-        if args.gamma is not None and args.gamma < 1:
-            raise ValueError(f"gamma must be an integer >= 1, got {args.gamma}")
         if args.max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {args.max_new_tokens}")
     except ValueError as error:
@@ -203,8 +212,6 @@ def _serve(parser: argparse.ArgumentParser, args) -> int:
     from specdecode.server import ServerConfig, serve  # fastapi and uvicorn only when serving
 
     try:
-        if args.gamma is not None and args.gamma < 1:
-            raise ValueError(f"gamma must be an integer >= 1, got {args.gamma}")
         if not 0 <= args.port < 65536:
             raise ValueError(f"port must be in [0, 65535], got {args.port}")
         config = ServerConfig(

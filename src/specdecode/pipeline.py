@@ -18,7 +18,7 @@ from specdecode.native.quant import int8_kernel_available
 from specdecode.models.compat import check_vocabularies
 from specdecode import backends
 from specdecode.models.loading import DEFAULT_TARGET, LoadedModel
-from specdecode.native.loading import NativeModelInfo
+from specdecode.native.loading import end_of_sequence_ids
 
 __all__ = ["Pipeline", "StopStrings", "DEFAULT_DRAFT", "make_drafter", "resolve_draft_name", "bundled_draft_runs",
            "default_gamma"]
@@ -161,14 +161,7 @@ class Pipeline:
         return self.target.tokenizer
 
     def eos_token_ids(self) -> set[int]:
-        info = self.target.hf_model
-        # a NativeModelInfo answers without building a transformers GenerationConfig (seconds of imports)
-        generation_eos = info.eos_token_id if isinstance(info, NativeModelInfo) else info.generation_config.eos_token_id
-        ids: set[int] = set()
-        for value in (generation_eos, self.tokenizer.eos_token_id):
-            if value is not None:
-                ids.update(value if isinstance(value, list) else [value])
-        return ids
+        return end_of_sequence_ids(self.target.hf_model, self.tokenizer)
 
     def encode(self, prompt: str, chat: bool | None = None) -> torch.Tensor:
         """Token ids [P] of the prompt; chat=None applies the chat template when the tokenizer has one."""

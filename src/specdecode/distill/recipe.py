@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from specdecode.distill.data import DataConfig, build_data
-from specdecode.distill.teacher import TeacherData, eos_ids, load_teacher
+from specdecode.distill.teacher import TeacherData, load_teacher
 from specdecode.distill.card import model_card
 from specdecode.distill.eagle import EagleObjective, init_eagle, target_features
 from specdecode.distill.train import TrainConfig, evaluate, train
@@ -30,7 +30,7 @@ from specdecode.drafters.distilled import build_draft_transformer, save_draft
 from specdecode.drafters.eagle import save_eagle
 from specdecode.native.eagle import EagleNetwork
 from specdecode.native.config import NativeConfig
-from specdecode.native.loading import native_from_hf_model
+from specdecode.native.loading import end_of_sequence_ids, native_from_hf_model
 from specdecode.native.model import NativeTransformer
 from specdecode.native.quant import Int8Embedding, quantize_per_channel
 
@@ -236,7 +236,7 @@ def distill(
     held = held_out_indices(data.categories, held_out, data_config.seed)
     train_indices = sorted(set(range(len(data))) - set(held))
     train_data, eval_data = data.subset(train_indices), data.subset(held)
-    eos = sorted(eos_ids(loaded.hf_model, tokenizer))
+    eos = sorted(end_of_sequence_ids(loaded.hf_model, tokenizer))
     init_path = out / "init.pt"
     train_loss = eval_logits = None  # a transformer draft reads token ids only
     features_started = time.perf_counter()

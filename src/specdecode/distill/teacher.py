@@ -24,8 +24,9 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from specdecode.distill.sources import TrainingPrompt
+from specdecode.native.loading import end_of_sequence_ids
 
-__all__ = ["TeacherData", "generate_responses", "cache_text", "load_teacher", "chat_ids", "eos_ids"]
+__all__ = ["TeacherData", "generate_responses", "cache_text", "load_teacher", "chat_ids"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,15 +64,6 @@ def chat_ids(tokenizer, prompt: str) -> list[int]:
     return tokenizer(prompt)["input_ids"]
 
 
-def eos_ids(hf_model, tokenizer) -> set[int]:
-    """End-of-sequence ids of a transformers model: its generation config's and its tokenizer's."""
-    ids: set[int] = set()
-    for value in (hf_model.generation_config.eos_token_id, tokenizer.eos_token_id):
-        if value is not None:
-            ids.update(value if isinstance(value, list) else [value])
-    return ids
-
-
 def _save_shard(path: Path, rows: Sequence[tuple[str, list[int], int, torch.Tensor, torch.Tensor]]) -> None:
     """Write (category, ids, first, topk_ids, topk_logp) rows atomically: a shard is complete or absent."""
     tensors: dict[str, torch.Tensor] = {}
@@ -104,7 +96,7 @@ def generate_responses(
     Every round(1 / sample_fraction)-th batch is sampled at temperature 1, the others are greedy;
     each batch reseeds torch from (seed, batch index), so a resumed run writes the same data.
     """
-    eos = eos_ids(hf_model, tokenizer)
+    eos = end_of_sequence_ids(hf_model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos)
     sampled_every = round(1 / sample_fraction) if sample_fraction > 0 else 0
     encoded_all = [chat_ids(tokenizer, p.text)[-max_prompt_tokens:] for p in prompts]

@@ -96,6 +96,17 @@ class NativeModelInfo:
         return self.native_config.eos_token_id
 
 
+def end_of_sequence_ids(hf_model, tokenizer) -> set[int]:
+    """End-of-sequence ids of a `LoadedModel.hf_model` (transformers model or NativeModelInfo) and its tokenizer."""
+    # a NativeModelInfo answers without building a transformers GenerationConfig (seconds of imports)
+    generation_eos = hf_model.eos_token_id if isinstance(hf_model, NativeModelInfo) else hf_model.generation_config.eos_token_id
+    ids: set[int] = set()
+    for value in (generation_eos, tokenizer.eos_token_id):
+        if value is not None:
+            ids.update(value if isinstance(value, list) else [value])
+    return ids
+
+
 # --------------------------------------------------------------------------- HF names -> native layout
 
 
