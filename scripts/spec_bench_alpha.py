@@ -1,0 +1,107 @@
+"""Alpha of EAGLE drafts on every prompt of a Spec-Bench file, per category (teacher forced on the target's answers).
+
+    python scripts/spec_bench_alpha.py                                  # the bundled draft, ../shared/data/spec_bench_dev.jsonl
+    python scripts/spec_bench_alpha.py --draft bundled --draft work/distill-eagle16/draft --out work/spec-bench-alpha
+
+1. The target answers every prompt (first turn, chat template, greedy, up to --max-new-tokens) in batches of
+   Hugging Face `generate`, keeping its top-k distribution at every response position
+   (`distill.teacher.generate_responses`), then computes its features once (`distill.eagle.target_features`).
+   Both are kept in --out, so a rerun only scores.
+2. Each draft is scored as `specdecode distill` scores its held-out set (`distill.train.evaluate`): alpha at
+   T=0 (the draft's argmax is the target's) and a lower bound of alpha at T=1 (sum of min(p, q) over the
+   target's top-k), at every response position. Every position reads the target's previous feature, which is
+   what an EAGLE draft reads in decoding at gamma = 1, so these are decoding's alphas at gamma = 1 on these
+   answers. The T=1 column is scored on the greedy answers too, not on sampled ones.
+
+The weights are float32 (decoding drafts on int8 where the kernel runs: alpha within 0.006, docs/distill.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from specdecode.bench.prompts import load_prompts
+from specdecode.distill.eagle import EagleObjective, target_features
+from specdecode.distill.sources import TrainingPrompt
+from specdecode.distill.teacher import generate_responses, load_teacher
+from specdecode.distill.train import evaluate
+from specdecode.drafters.distilled import bundled_draft_dir
+from specdecode.drafters.eagle import load_eagle
+from specdecode.models.loading import DEFAULT_TARGET, load_model
+from specdecode.native.loading import native_from_hf_model
+
+DEFAULT_PROMPTS = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench_dev.jsonl"
+
+
+def draft_directory(name: str, target: str) -> Path:
+    """`bundled` (the target's bundled draft) or a draft directory."""
+    if name == "bundled":
+        directory = bundled_draft_dir(target)
+        if directory is None:
+            raise ValueError(f"--draft bundled: {target} has no bundled draft")
+        return directory
+    return Path(name)
+
+
+def score(directory: Path, data, features: list[torch.Tensor], embedding: torch.Tensor, batch_tokens: int) -> dict:
+    """evaluate() of the EAGLE draft in directory on data: {category: alpha_greedy, alpha_t1, coverage, positions}."""
+    network, output_ids, _ = load_eagle(directory)
+    output_index = torch.full((embedding.shape[0],), -1, dtype=torch.long)
+    output_index[output_ids] = torch.arange(output_ids.numel())
+    objective = EagleObjective(network, embedding, features)
+    return evaluate(network, data, output_index, batch_tokens, objective.logits)
+
+
+def table(results: dict[str, dict]) -> str:
+    """Markdown: one row per category (sorted, then all), alpha T=0 / T=1 for each draft."""
+    drafts = list(results)
+    categories = sorted(c for c in next(iter(results.values())) if c != "all") + ["all"]
+    lines = ["| category | positions | " + " | ".join(f"{d} α T=0 | α T=1" for d in drafts) + " |",
+             "|---|---|" + "---|---|" * len(drafts)]
+    for category in categories:
+        first = results[drafts[0]][category]
+        cells = [f"{results[d][category]['alpha_greedy']:.3f} | {results[d][category]['alpha_t1']:.3f}" for d in drafts]
+        lines.append(f"| {category} | {first['positions']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--target", default=DEFAULT_TARGET)
+    parser.add_argument("--draft", action="append", help="an EAGLE draft directory or 'bundled' (repeatable; default bundled)")
+    parser.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS, help="Spec-Bench JSONL (first turn of each)")
+    parser.add_argument("--out", type=Path, default=Path("work/spec-bench-alpha"), help="keeps the answers and features")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--batch-size", type=int, default=48, help="prompts per generate call")
+    parser.add_argument("--batch-tokens", type=int, default=4096, help="tokens per scoring batch")
+    args = parser.parse_args(argv)
+    drafts = {name: draft_directory(name, args.target) for name in args.draft or ["bundled"]}
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    settings = {"target": args.target, "prompts": str(args.prompts.resolve()), "max_new_tokens": args.max_new_tokens}
+    recorded = args.out / "settings.json"
+    if recorded.is_file() and json.loads(recorded.read_text()) != settings:
+        raise SystemExit(f"{args.out} holds answers made with other settings ({recorded.read_text().strip()}); use another --out")
+    recorded.write_text(json.dumps(settings) + "\n")
+    loaded = load_model(args.target)
+    prompts = [TrainingPrompt(p.category, p.text) for p in load_prompts(args.prompts)]
+    generate_responses(loaded.hf_model, loaded.tokenizer, prompts, args.out, max_new_tokens=args.max_new_tokens,
+                       batch_size=args.batch_size, top_k=32, sample_fraction=0.0, seed=0, max_prompt_tokens=1 << 20)
+    data = load_teacher(args.out)
+    target = native_from_hf_model(loaded.hf_model, torch.float32)
+    features = target_features(target, data, args.out)
+    embedding = target.embed.weight.detach()
+    results = {name: score(directory, data, features, embedding, args.batch_tokens) for name, directory in drafts.items()}
+    report = table(results)
+    print(f"{len(data)} answers to {args.prompts}, {data.num_positions()} positions\n\n{report}")
+    (args.out / "alpha.json").write_text(json.dumps(results, indent=2) + "\n")
+    (args.out / "alpha.md").write_text(report + "\n")
+    return results
+
+
+if __name__ == "__main__":
+    main()
