@@ -37,3 +37,14 @@ def test_native_backend_refuses_an_unsupported_model(checkpoints):
 def test_unknown_backend_names_the_parameter():
     with pytest.raises(ValueError, match="backend"):
         backends.load("anything", "tpu")
+
+
+def test_packing_reaches_the_native_engine(checkpoints):
+    assert backends.load(str(checkpoints["llama"]), packing="none").model.packing == "none"
+
+
+def test_packing_is_checked_and_needs_the_native_engine(checkpoints):
+    with pytest.raises(ValueError, match="packing"):
+        backends.load(str(checkpoints["llama"]), packing="fast")
+    with pytest.raises(ValueError, match="packing='none' needs the native engine"):
+        backends.load(str(checkpoints["llama"]), "hf", packing="none")

@@ -313,6 +313,7 @@ def test_tiny_bench_writes_all_outputs(bench_run, tiny):
     assert results["complete"] is True and results["mismatches"] == []
     assert results["command"].startswith("specdecode bench --prompts")
     assert results["machine"]["versions"]["torch"] == torch.__version__
+    assert results["target_packing"] in ("dual", "none")  # packing='auto': dual wherever oneDNN runs
     runs = results["runs"]
     assert len((out / "runs.jsonl").read_text().splitlines()) == len(runs)
     draft = str(tiny["draft"])
@@ -353,9 +354,11 @@ def test_peers_that_cannot_run_are_listed(tiny, tmp_path, capsys):
     out = tmp_path / "out"
     code = main(["bench", "--prompts", str(tiny["prompts"]), "--out", str(out), "--target", str(tiny["target"]),
                  "--drafts", "ngram", "--gammas", "2", "--gamma", "2", "--max-new-tokens", "4", "--limit", "1",
-                 "--temperatures", "0", "--sweep-prompts", "1", "--cost-reps", "1"])
+                 "--temperatures", "0", "--sweep-prompts", "1", "--cost-reps", "1", "--packing", "none"])
     assert code == 0
     results = json.loads((out / "results.json").read_text())
+    assert results["config"]["packing"] == "none" and results["target_packing"] == "none"
+    assert "linear layers `none`" in (out / "report.md").read_text()
     (unavailable,) = results["unavailable"]
     assert unavailable["method"] == "HF assisted generation"
     assert unavailable["reason"].startswith("not applicable: no model draft")
@@ -423,6 +426,7 @@ def test_theory_prints_table_1(capsys):
         (["--drafts", "none"], "drafts"),
         (["--category-drafts", "other"], "category_drafts"),
         (["--backend", "tpu"], "--backend"),
+        (["--packing", "fast"], "--packing"),
     ],
 )
 def test_bench_bad_parameters_exit_2(capsys, tiny, tmp_path, args, message):

@@ -115,6 +115,18 @@ def test_json_mixed_pair_t5_target_llama_draft(capsys, models, dirs, gamma):
     assert record["stats"]["gamma"] == gamma
 
 
+@pytest.mark.parametrize("packing", ["none", "dual"])
+def test_packing_keeps_the_greedy_tokens(capsys, models, dirs, packing):
+    (record,) = _run_json(capsys, PROMPT, "--target", dirs["target"], "--draft", dirs["draft"], "--packing", packing,
+                          "--max-new-tokens", MAX_NEW)
+    assert record["token_ids"] == _expected_ids(models["target"], PROMPT)
+
+
+def test_packing_on_the_hf_backend_exits_2(capsys, dirs):
+    assert main(["generate", PROMPT, "--target", str(dirs["target"]), "--backend", "hf", "--packing", "none"]) == 2
+    assert "packing='none' needs the native engine" in capsys.readouterr().err
+
+
 def test_json_without_compare_has_no_baseline(capsys, dirs):
     (record,) = _run_json(capsys, PROMPT, "--target", dirs["target"], "--draft", "none", "--max-new-tokens", 5)
     assert len(record["token_ids"]) == 5
@@ -237,6 +249,7 @@ def test_prompt_file_bad_line(capsys, dirs, tmp_path):
         (["--gamma", "0"], "gamma"),
         (["--gamma=-2"], "gamma"),
         (["--max-new-tokens=-1"], "max_new_tokens"),
+        (["--packing", "fast"], "--packing"),
     ],
 )
 def test_bad_parameters_exit_2(capsys, dirs, args, message):

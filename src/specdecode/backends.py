@@ -6,8 +6,9 @@ import json
 from pathlib import Path
 
 from specdecode.models.loading import DEFAULT_TARGET, LoadedModel, load_model
+from specdecode.native.config import PACKINGS
 
-__all__ = ["BACKENDS", "load", "native_supports"]
+__all__ = ["BACKENDS", "PACKINGS", "load", "native_supports"]
 
 BACKENDS = ("auto", "native", "hf")
 
@@ -38,12 +39,21 @@ def _gguf_architecture(path: Path) -> str | None:
     return None if field is None else bytes(field.parts[field.data[0]]).decode()
 
 
-def load(name_or_path: str, backend: str = "auto") -> LoadedModel:
-    """Load a model on `backend`: 'native', 'hf', or 'auto' (native when supported, else hf)."""
+def load(name_or_path: str, backend: str = "auto", packing: str = "auto") -> LoadedModel:
+    """Load a model on `backend`: 'native', 'hf', or 'auto' (native when supported, else hf).
+
+    packing: the native engine's layout of the linear layers (`specdecode.native.fast`); a packing
+    other than 'auto' needs the native engine.
+    """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if packing not in PACKINGS:
+        raise ValueError(f"packing must be one of {', '.join(PACKINGS)}, got {packing!r}")
     if backend == "native" or (backend == "auto" and native_supports(str(name_or_path))):
         from specdecode.native.loading import load_native
 
-        return load_native(name_or_path)
+        return load_native(name_or_path, packing=packing)
+    if packing != "auto":
+        raise ValueError(f"packing={packing!r} needs the native engine, but {name_or_path} runs on transformers "
+                         f"(backend {backend!r})")
     return load_model(name_or_path)

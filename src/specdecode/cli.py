@@ -8,7 +8,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from specdecode.backends import BACKENDS
+from specdecode.backends import BACKENDS, PACKINGS
 from specdecode.bench import cli as bench_cli
 from specdecode.core.sampling import SamplingParams
 from specdecode.distill import cli as distill_cli
@@ -66,11 +66,12 @@ def _gamma(text: str) -> int:
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
-    """The model options a subcommand shares: --target, --draft, --gamma."""
+    """The model options a subcommand shares: --target, --draft, --gamma, --backend, --packing."""
     parser.add_argument("--target", default=DEFAULT_TARGET, help=f"target model: {DEFAULT_TARGET} (default), a .gguf file or an HF directory/id")
     parser.add_argument("--draft", default=DEFAULT_DRAFT, help="draft: 'auto' (default: 'bundled+ngram' where the target has a bundled draft, else 'ngram'), 'ngram' (prompt lookup), 'bundled', 'bundled+ngram', 'none' (target alone), or a model path/id (add '+ngram' to prefer prompt lookup on repeats)")
     parser.add_argument("--gamma", type=_gamma, default=None, help=f"draft tokens per target call (default {AUTO_GAMMA} with --draft auto, else {DEFAULT_GAMMA})")
     parser.add_argument("--backend", choices=BACKENDS, default="auto", help="engine: native (fast PyTorch Llama/Qwen2), hf (transformers), auto (default: native where supported)")
+    parser.add_argument("--packing", choices=PACKINGS, default="auto", help="native engine's layout of the target's linear layers: auto (default: the fastest single token on this CPU), none (plain weights), packed (oneDNN), dual (both); verification of several tokens can be faster with another one, see docs/benchmarks.md")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         parser.error(str(error))  # exits with status 2
     try:
-        pipeline = Pipeline.load(args.target, args.draft, args.gamma, args.backend)
+        pipeline = Pipeline.load(args.target, args.draft, args.gamma, args.backend, args.packing)
         _warm_up(pipeline)
         progress = _progress(prompts, enabled=args.prompt_file is not None and sys.stderr.isatty())
         for extra, prompt in progress:
@@ -225,7 +226,7 @@ def _serve(parser: argparse.ArgumentParser, args) -> int:
     except ValueError as error:
         parser.error(str(error))  # exits with status 2
     try:
-        pipeline = Pipeline.load(args.target, args.draft, args.gamma, args.backend)
+        pipeline = Pipeline.load(args.target, args.draft, args.gamma, args.backend, args.packing)
         _warm_up(pipeline)
     except (ValueError, FileNotFoundError) as error:
         print(f"specdecode: error: {error}", file=sys.stderr)

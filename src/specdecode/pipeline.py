@@ -145,13 +145,15 @@ class Pipeline:
     @classmethod
     def load(
         cls, target: str = DEFAULT_TARGET, draft: str | None = DEFAULT_DRAFT, gamma: int | None = None,
-        backend: str = "auto",
+        backend: str = "auto", packing: str = "auto",
     ) -> "Pipeline":
         """Load target and draft on `backend` ('auto': the native engine where it supports the model, else HF).
 
-        gamma None: default_gamma(draft).
+        gamma None: default_gamma(draft). packing: the native target's layout of its linear layers
+        (`specdecode.native.fast`; 'auto' is the fastest single token, which is not always the fastest
+        verification: see docs/benchmarks.md).
         """
-        loaded = backends.load(target, backend)
+        loaded = backends.load(target, backend, packing)
         if loaded.tokenizer is None:
             raise ValueError(f"target: {target} has no tokenizer, so it cannot take text prompts")
         return cls(loaded, make_drafter(draft, loaded, backend), default_gamma(draft) if gamma is None else gamma)

@@ -11,7 +11,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from specdecode.backends import BACKENDS
+from specdecode.backends import BACKENDS, PACKINGS
 from specdecode.models.loading import DEFAULT_TARGET
 
 __all__ = ["add_parsers", "run", "theory_text"]
@@ -66,6 +66,7 @@ def add_parsers(commands) -> None:
     bench.add_argument("--category-drafts", type=_names, default=None,
                        help="drafts also run on every prompt at --gamma for the per-category table (default: all but unigram, bigram)")
     bench.add_argument("--backend", choices=BACKENDS, default="auto", help="engine of specdecode's runs (default auto)")
+    bench.add_argument("--packing", choices=PACKINGS, default="auto", help="native target's layout of its linear layers (default auto)")
     bench.add_argument("--gamma", type=int, default=None, help="gamma of the per-category table and the peers (default 4)")
     bench.add_argument("--gammas", type=_ints, default=None, help="gamma sweep, comma-separated (default 1,2,4,6; quick 2,4)")
     bench.add_argument("--temperatures", type=_floats, default=None, help="comma-separated (default 0,1)")
@@ -102,7 +103,7 @@ def _config(args, argv: list[str] | None):
     command = shlex.join(["specdecode", *(argv if argv is not None else sys.argv[1:])])
     return BenchConfig(
         prompts=args.prompts, out=args.out, target=args.target, drafts=args.drafts, category_drafts=args.category_drafts,
-        backend=args.backend, gamma=args.gamma, gammas=args.gammas, temperatures=args.temperatures,
+        backend=args.backend, packing=args.packing, gamma=args.gamma, gammas=args.gammas, temperatures=args.temperatures,
         max_new_tokens=args.max_new_tokens, per_category=args.per_category, categories=args.categories, limit=args.limit,
         sweep_prompts=args.sweep_prompts, peers=args.peers, seed=args.seed, cost_reps=args.cost_reps, threads=args.threads,
         chat=args.chat, quick=args.quick, command=command,

@@ -6,7 +6,7 @@ import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from specdecode.backends import BACKENDS
+from specdecode.backends import BACKENDS, PACKINGS
 from specdecode.models.loading import DEFAULT_TARGET
 
 __all__ = ["BenchConfig", "STATISTICAL_DRAFTS", "PEERS", "default_drafts", "QUICK"]
@@ -55,6 +55,7 @@ class BenchConfig:
     drafts: tuple[str, ...] | None = None  # all swept over gammas; default: default_drafts(target, backend)
     category_drafts: tuple[str, ...] | None = None  # also run on every prompt at `gamma`; default: drafts less unigram/bigram
     backend: str = "auto"
+    packing: str = "auto"  # the native target's layout of its linear layers
     gamma: int | None = None  # the gamma of the per-category table and of the peers
     gammas: tuple[int, ...] | None = None  # the sweep (gamma is added to it)
     temperatures: tuple[float, ...] | None = None
@@ -93,6 +94,8 @@ class BenchConfig:
             raise ValueError("prompts must name a Spec-Bench JSONL file or a built-in task")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if self.packing not in PACKINGS:
+            raise ValueError(f"packing must be one of {', '.join(PACKINGS)}, got {self.packing!r}")
         for name in ("gamma", "max_new_tokens", "per_category", "cost_reps"):
             value = getattr(self, name)
             if not _int(value) or value < 1:

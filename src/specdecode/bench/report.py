@@ -33,6 +33,12 @@ def _t(temperature: float) -> str:
     return f"{temperature:g}"
 
 
+def _packing(results: Mapping) -> str:
+    """', linear layers `dual`' (the native target's packing, as chosen), or '' (HF, or an older results.json)."""
+    packing = results.get("target_packing")
+    return f", linear layers `{packing}`" if packing else ""
+
+
 def _accept(row: Mapping, key: str):
     return (row.get("acceptance") or {}).get(key)
 
@@ -57,7 +63,7 @@ def _header(results: Mapping) -> list[str]:
         f"- run: {results.get('started', '?')}, {_f(results.get('wall_seconds'), '.0f', ' s')} wall time, {state}",
         f"- machine: {machine['processor']}, {machine['cpus']} CPUs, {machine['torch_threads']} torch threads, "
         f"{_f(machine.get('memory_gib'), '.0f', ' GiB')}; {machine['platform']}; Python {machine['python']}; {versions}",
-        f"- target `{cfg['target']}` on backend `{cfg['backend']}`; drafts {drafts}",
+        f"- target `{cfg['target']}` on backend `{cfg['backend']}`{_packing(results)}; drafts {drafts}",
         f"- {len(prompts)} prompts from `{cfg['prompts']}` ({cfg['per_category']} per category: {', '.join(categories)}), "
         f"first turn, {_CHAT[cfg.get('chat')]}; "
         f"{cfg['max_new_tokens']} new tokens at most; temperatures {', '.join(_t(t) for t in cfg['temperatures'])}; seed {cfg['seed']}",

@@ -94,7 +94,7 @@ def run_bench(config: BenchConfig, log: Callable[[str], None] = _warn) -> dict:
 
     prompts = select(load_prompts(cfg.prompts), cfg.per_category, cfg.categories)
     log(f"bench: loading {cfg.target} ({cfg.backend}) and drafts {', '.join(cfg.drafts)}")
-    pipeline = Pipeline.load(cfg.target, draft="none", gamma=cfg.gamma, backend=cfg.backend)
+    pipeline = Pipeline.load(cfg.target, draft="none", gamma=cfg.gamma, backend=cfg.backend, packing=cfg.packing)
     prompts, encoded, skipped, sweep = _prepare(cfg, pipeline, prompts, log)
     model_specs = [d for d in cfg.drafts if d not in STATISTICAL_DRAFTS]
     drafters = {spec: make_drafter(spec, pipeline.target, cfg.backend) for spec in model_specs}
@@ -108,6 +108,7 @@ def run_bench(config: BenchConfig, log: Callable[[str], None] = _warn) -> dict:
         "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "complete": False,
         "machine": machine_description(),
+        "target_packing": getattr(pipeline.target.model, "packing", None),  # what packing='auto' chose; None on HF
         "prompts": [
             {"index": i, "question_id": p.question_id, "category": p.category, "prompt_tokens": len(encoded[i]),
              "in_sweep": i in sweep}

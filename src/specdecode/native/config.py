@@ -6,7 +6,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["NativeConfig", "SUPPORTED_ROPE_TYPES", "HF_ARCHITECTURES"]
+__all__ = ["NativeConfig", "SUPPORTED_ROPE_TYPES", "HF_ARCHITECTURES", "PACKINGS"]
 
 # 'dynamic' NTK scaling only changes the frequencies beyond max_position_embeddings, which the
 # engine never reaches (its context is capped there), so it is plain RoPE here, as in transformers.
@@ -15,6 +15,8 @@ SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
 # model_type values of the transformers configs the engine runs (specdecode.backends reads this)
 _HF_ARCHITECTURES = {"llama", "qwen2", "mistral"}
 HF_ARCHITECTURES = frozenset(_HF_ARCHITECTURES)
+# layouts of the linear layers (NativeLM packing=; `specdecode.native.fast`)
+PACKINGS = ("auto", "none", "packed", "dual")
 
 
 @dataclass
