@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from specdecode.models.loading import DEFAULT_TARGET, LoadedModel, load_model
-from specdecode.native.config import PACKINGS
+from specdecode.native.config import PACKINGS, check_packing
 
 __all__ = ["BACKENDS", "PACKINGS", "load", "native_supports"]
 
@@ -47,8 +47,7 @@ def load(name_or_path: str, backend: str = "auto", packing: str = "auto") -> Loa
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-    if packing not in PACKINGS:
-        raise ValueError(f"packing must be one of {', '.join(PACKINGS)}, got {packing!r}")
+    check_packing(packing)  # before the (slow) load
     if backend == "native" or (backend == "auto" and native_supports(str(name_or_path))):
         from specdecode.native.loading import load_native
 

@@ -6,7 +6,8 @@ import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from specdecode.backends import BACKENDS, PACKINGS
+from specdecode.backends import BACKENDS
+from specdecode.native.config import check_packing
 from specdecode.models.loading import DEFAULT_TARGET
 
 __all__ = ["BenchConfig", "STATISTICAL_DRAFTS", "PEERS", "default_drafts", "QUICK"]
@@ -94,8 +95,7 @@ class BenchConfig:
             raise ValueError("prompts must name a Spec-Bench JSONL file or a built-in task")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
-        if self.packing not in PACKINGS:
-            raise ValueError(f"packing must be one of {', '.join(PACKINGS)}, got {self.packing!r}")
+        check_packing(self.packing)
         for name in ("gamma", "max_new_tokens", "per_category", "cost_reps"):
             value = getattr(self, name)
             if not _int(value) or value < 1:

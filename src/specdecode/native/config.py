@@ -6,7 +6,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["NativeConfig", "SUPPORTED_ROPE_TYPES", "HF_ARCHITECTURES", "PACKINGS"]
+__all__ = ["NativeConfig", "SUPPORTED_ROPE_TYPES", "HF_ARCHITECTURES", "PACKINGS", "check_packing"]
 
 # 'dynamic' NTK scaling only changes the frequencies beyond max_position_embeddings, which the
 # engine never reaches (its context is capped there), so it is plain RoPE here, as in transformers.
@@ -17,6 +17,13 @@ _HF_ARCHITECTURES = {"llama", "qwen2", "mistral"}
 HF_ARCHITECTURES = frozenset(_HF_ARCHITECTURES)
 # layouts of the linear layers (NativeLM packing=; `specdecode.native.fast`)
 PACKINGS = ("auto", "none", "packed", "dual")
+
+
+def check_packing(packing: str) -> str:
+    """packing itself, or a ValueError naming the parameter."""
+    if packing not in PACKINGS:
+        raise ValueError(f"packing must be one of {', '.join(map(repr, PACKINGS))}, got {packing!r}")
+    return packing
 
 
 @dataclass

@@ -10,7 +10,7 @@ import sys
 import torch
 
 from specdecode.models.base import ContextLengthError, as_token_ids
-from specdecode.native.config import PACKINGS
+from specdecode.native.config import check_packing
 from specdecode.native.model import KVCache, NativeTransformer
 
 __all__ = ["NativeLM", "DEFAULT_MAX_CACHE_LEN"]
@@ -101,8 +101,7 @@ class NativeLM:
     ) -> None:
         if isinstance(max_cache_len, bool) or not isinstance(max_cache_len, int) or max_cache_len < 2:
             raise ValueError(f"max_cache_len must be an integer >= 2, got {max_cache_len!r}")
-        if packing not in PACKINGS:
-            raise ValueError(f"packing must be 'auto', 'none', 'packed' or 'dual', got {packing!r}")
+        check_packing(packing)
         if quantize != "none" and packing in ("packed", "dual"):
             raise ValueError(f"packing={packing!r} does not apply to quantize={quantize!r}; "
                              "use packing='auto' or 'none'")
