@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,3 +28,13 @@ def one_torch_thread(request) -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def private_layout_cache(request, tmp_path_factory, monkeypatch) -> None:
+    """Timed layout choices (`specdecode.native.layout`) go to a directory of this test, not the user's cache."""
+    from specdecode.native import layout
+
+    test = hashlib.sha256(request.node.nodeid.encode()).hexdigest()[:16]  # created only when a choice is cached
+    directory = tmp_path_factory.getbasetemp() / "layouts" / test
+    monkeypatch.setattr(layout, "layout_cache_dir", lambda: directory)

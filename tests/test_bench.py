@@ -23,6 +23,7 @@ from specdecode.core.sampling import SamplingParams
 from specdecode.core.theory import expected_tokens_per_call, walltime_improvement
 from specdecode.decoding import generate
 from specdecode.drafters import PromptLookupDrafter, UnigramDrafter
+from specdecode.native.fast import packing_available
 
 # --------------------------------------------------------------------------- statistics
 
@@ -313,7 +314,13 @@ def test_tiny_bench_writes_all_outputs(bench_run, tiny):
     assert results["complete"] is True and results["mismatches"] == []
     assert results["command"].startswith("specdecode bench --prompts")
     assert results["machine"]["versions"]["torch"] == torch.__version__
-    assert results["target_packing"] in ("dual", "none")  # packing='auto': dual wherever oneDNN runs
+    # packing='auto' timed dual against none for the headline γ + 1 = 3 tokens per call, where oneDNN runs
+    layout = results["target_layout"]
+    if packing_available(torch.float32):
+        assert layout["rows"] == 3 and layout["packing"] == results["target_packing"] in ("dual", "none")
+        assert set(layout["seconds"]["none"]) == {"1", "3"}
+    else:
+        assert layout is None and results["target_packing"] == "none"
     runs = results["runs"]
     assert len((out / "runs.jsonl").read_text().splitlines()) == len(runs)
     draft = str(tiny["draft"])
@@ -335,6 +342,7 @@ def test_tiny_bench_writes_all_outputs(bench_run, tiny):
 
     report = (out / "report.md").read_text()
     assert "all " in report and "greedy speculative runs are token-identical" in report
+    assert (layout is None) != ("the fastest 3-token verification here" in report)
     for title in ("Table 2 style", "Table 3 style", "Gamma sweep", "Spec-Bench per category", "Hugging Face generate peers"):
         assert title in report
     for png in ("speedup_vs_gamma.png", "acceptance_per_position.png", "speedup_per_category.png"):
@@ -358,6 +366,7 @@ def test_peers_that_cannot_run_are_listed(tiny, tmp_path, capsys):
     assert code == 0
     results = json.loads((out / "results.json").read_text())
     assert results["config"]["packing"] == "none" and results["target_packing"] == "none"
+    assert results["target_layout"] is None  # asked for, not timed
     assert "linear layers `none`" in (out / "report.md").read_text()
     (unavailable,) = results["unavailable"]
     assert unavailable["method"] == "HF assisted generation"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from tiny_hf import (
     WORDS,
     perturbed_copy,
@@ -18,6 +19,8 @@ from specdecode.cli import main
 from specdecode.core.sampling import SamplingParams
 from specdecode.decoding import generate
 from specdecode.models import wrap_hf_model
+from specdecode.native.fast import packing_available
+from specdecode.pipeline import Pipeline
 
 PROMPT = "the quick red fox runs to the river"  # 'fox' is not in the vocabulary: <unk>
 MAX_NEW = 12
@@ -120,6 +123,21 @@ def test_packing_keeps_the_greedy_tokens(capsys, models, dirs, packing):
     (record,) = _run_json(capsys, PROMPT, "--target", dirs["target"], "--draft", dirs["draft"], "--packing", packing,
                           "--max-new-tokens", MAX_NEW)
     assert record["token_ids"] == _expected_ids(models["target"], PROMPT)
+
+
+@pytest.mark.parametrize(("draft", "gamma", "rows"), [("none", 3, 1), (None, 3, 4), (None, None, 5), ("ngram", 1, 2)])
+def test_the_target_layout_is_chosen_for_gamma_plus_one_tokens_per_call(dirs, draft, gamma, rows):
+    draft = draft or str(dirs["draft"])  # a model draft: gamma defaults to DEFAULT_GAMMA = 4
+    target = Pipeline.load(str(dirs["target"]), draft, gamma).target.model
+    if rows == 1 or not packing_available(torch.float32):
+        assert target.layout_choice is None  # one token: dual, the fastest single token, untimed
+    else:
+        assert target.layout_choice.rows == rows and target.packing == target.layout_choice.packing
+
+
+def test_pipeline_load_checks_gamma_before_loading(dirs):
+    with pytest.raises(ValueError, match="gamma must be an integer >= 1"):
+        Pipeline.load(str(dirs["target"]), "ngram", 0)
 
 
 def test_packing_on_the_hf_backend_exits_2(capsys, dirs):

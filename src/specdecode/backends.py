@@ -39,11 +39,12 @@ def _gguf_architecture(path: Path) -> str | None:
     return None if field is None else bytes(field.parts[field.data[0]]).decode()
 
 
-def load(name_or_path: str, backend: str = "auto", packing: str = "auto") -> LoadedModel:
+def load(name_or_path: str, backend: str = "auto", packing: str = "auto", rows_per_call: int = 1) -> LoadedModel:
     """Load a model on `backend`: 'native', 'hf', or 'auto' (native when supported, else hf).
 
     packing: the native engine's layout of the linear layers (`specdecode.native.fast`); a packing
-    other than 'auto' needs the native engine.
+    other than 'auto' needs the native engine. rows_per_call: the tokens most calls will feed (gamma + 1
+    for a target verifying gamma draft tokens), which 'auto' chooses the layout for (`NativeLM`).
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
@@ -51,7 +52,7 @@ def load(name_or_path: str, backend: str = "auto", packing: str = "auto") -> Loa
     if backend == "native" or (backend == "auto" and native_supports(str(name_or_path))):
         from specdecode.native.loading import load_native
 
-        return load_native(name_or_path, packing=packing)
+        return load_native(name_or_path, packing=packing, rows_per_call=rows_per_call)
     if packing != "auto":
         raise ValueError(f"packing={packing!r} needs the native engine, but {name_or_path} runs on transformers "
                          f"(backend {backend!r})")

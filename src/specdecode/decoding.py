@@ -18,7 +18,7 @@ from specdecode.core.verification import verify, verify_greedy
 from specdecode.drafters.base import Draft, Drafter
 from specdecode.models.base import LanguageModel
 
-__all__ = ["GenerationStats", "GenerationResult", "TokenStream", "StopCondition", "stream", "generate"]
+__all__ = ["GenerationStats", "GenerationResult", "TokenStream", "StopCondition", "stream", "generate", "check_gamma"]
 
 # Given all generated ids, return None to go on, or how many of them to keep and stop.
 StopCondition = Callable[[Sequence[int]], int | None]
@@ -100,6 +100,13 @@ class TokenStream:
         return self.result
 
 
+def check_gamma(gamma: int) -> int:
+    """gamma itself, or a ValueError naming the parameter: draft tokens per target call, an integer >= 1."""
+    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
+        raise ValueError(f"gamma must be an integer >= 1, got {gamma!r}")
+    return gamma
+
+
 def stream(
     target: LanguageModel,
     prompt_ids: torch.Tensor | Sequence[int],
@@ -120,8 +127,7 @@ def stream(
     prompt = torch.as_tensor(prompt_ids, dtype=torch.long)
     if prompt.dim() != 1 or prompt.numel() == 0:
         raise ValueError(f"prompt_ids must be a non-empty 1-D sequence of token ids, got shape {tuple(prompt.shape)}")
-    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
-        raise ValueError(f"gamma must be an integer >= 1, got {gamma!r}")
+    check_gamma(gamma)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
     if not isinstance(sampling, SamplingParams):

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from specdecode.core.sampling import SamplingParams
-from specdecode.decoding import GenerationResult, TokenStream, stream
+from specdecode.decoding import GenerationResult, TokenStream, check_gamma, stream
 from specdecode.drafters import Drafter, LookupThenModelDrafter, ModelDrafter, PromptLookupDrafter
 from specdecode.drafters.distilled import bundled_draft_dir, is_distilled_draft, load_distilled, saved_tokenizer
 from specdecode.drafters.eagle import EagleDrafter, is_eagle_draft, load_eagle
@@ -145,18 +145,21 @@ class Pipeline:
     @classmethod
     def load(
         cls, target: str = DEFAULT_TARGET, draft: str | None = DEFAULT_DRAFT, gamma: int | None = None,
-        backend: str = "auto", packing: str = "auto",
+        backend: str = "auto", packing: str = "auto", rows_per_call: int | None = None,
     ) -> "Pipeline":
         """Load target and draft on `backend` ('auto': the native engine where it supports the model, else HF).
 
         gamma None: default_gamma(draft). packing: the native target's layout of its linear layers
-        (`specdecode.native.fast`; 'auto' is the fastest single token, which is not always the fastest
-        verification: see docs/benchmarks.md).
+        (`specdecode.native.fast`); 'auto' picks the layout that runs rows_per_call tokens per target
+        call fastest on this machine (`NativeLM`). rows_per_call None: gamma + 1 with a draft, else 1.
         """
-        loaded = backends.load(target, backend, packing)
+        gamma = default_gamma(draft) if gamma is None else check_gamma(gamma)  # before the (slow) load
+        if rows_per_call is None:
+            rows_per_call = 1 if draft in (None, "none") else gamma + 1
+        loaded = backends.load(target, backend, packing, rows_per_call)
         if loaded.tokenizer is None:
             raise ValueError(f"target: {target} has no tokenizer, so it cannot take text prompts")
-        return cls(loaded, make_drafter(draft, loaded, backend), default_gamma(draft) if gamma is None else gamma)
+        return cls(loaded, make_drafter(draft, loaded, backend), gamma)
 
     @property
     def tokenizer(self):

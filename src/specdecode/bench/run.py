@@ -94,7 +94,9 @@ def run_bench(config: BenchConfig, log: Callable[[str], None] = _warn) -> dict:
 
     prompts = select(load_prompts(cfg.prompts), cfg.per_category, cfg.categories)
     log(f"bench: loading {cfg.target} ({cfg.backend}) and drafts {', '.join(cfg.drafts)}")
-    pipeline = Pipeline.load(cfg.target, draft="none", gamma=cfg.gamma, backend=cfg.backend, packing=cfg.packing)
+    # the target's layout is chosen for the headline gamma's verification; the baseline runs on the same one
+    pipeline = Pipeline.load(cfg.target, draft="none", gamma=cfg.gamma, backend=cfg.backend, packing=cfg.packing,
+                             rows_per_call=cfg.gamma + 1)
     prompts, encoded, skipped, sweep = _prepare(cfg, pipeline, prompts, log)
     model_specs = [d for d in cfg.drafts if d not in STATISTICAL_DRAFTS]
     drafters = {spec: make_drafter(spec, pipeline.target, cfg.backend) for spec in model_specs}
@@ -109,6 +111,7 @@ def run_bench(config: BenchConfig, log: Callable[[str], None] = _warn) -> dict:
         "complete": False,
         "machine": machine_description(),
         "target_packing": getattr(pipeline.target.model, "packing", None),  # what packing='auto' chose; None on HF
+        "target_layout": _layout_choice(pipeline),
         "prompts": [
             {"index": i, "question_id": p.question_id, "category": p.category, "prompt_tokens": len(encoded[i]),
              "in_sweep": i in sweep}
@@ -128,6 +131,12 @@ def run_bench(config: BenchConfig, log: Callable[[str], None] = _warn) -> dict:
         return _measure(cfg, results, out, runs_file, prompts, encoded, sweep, pipeline, drafters, baseline, log, started)
     finally:
         runs_file.close()
+
+
+def _layout_choice(pipeline: Pipeline) -> dict | None:
+    """How packing='auto' chose the native target's layout by timing (`LayoutChoice`), or None."""
+    choice = getattr(pipeline.target.model, "layout_choice", None)
+    return None if choice is None else choice.to_dict()
 
 
 def _prepare(cfg: BenchConfig, pipeline: Pipeline, prompts: list, log) -> tuple[list, list, list[dict], set[int]]:

@@ -9,6 +9,7 @@ rope.py     RoPE frequencies (default, linear, dynamic, llama3, yarn) and cos/si
 model.py    NativeTransformer and its preallocated KVCache
 engine.py   NativeLM, the LanguageModel adapter
 fast.py     oneDNN-prepacked linear layers, torch.compile
+layout.py   packing='auto' for several rows per call: dual or none, whichever is faster here (timed, cached)
 quant.py    weight-only int8 (per-channel scales): NativeLM(..., quantize="int8"), load_native(quantize="int8")
 loading.py  from a transformers model, a safetensors directory or a GGUF file (cached)
 bench.py    `python -m specdecode.native.bench`: speed, T(k)/T(1), agreement, TTFT, RSS against transformers

@@ -6,12 +6,16 @@ import ctypes
 import ctypes.util
 import functools
 import sys
+from typing import TYPE_CHECKING
 
 import torch
 
 from specdecode.models.base import ContextLengthError, as_token_ids
 from specdecode.native.config import check_packing
 from specdecode.native.model import KVCache, NativeTransformer
+
+if TYPE_CHECKING:
+    from specdecode.native.layout import LayoutChoice
 
 __all__ = ["NativeLM", "DEFAULT_MAX_CACHE_LEN"]
 
@@ -32,27 +36,39 @@ def _apply_quantization(model: NativeTransformer, quantize: str) -> str:
     return quantize
 
 
-def _apply_packing(model: NativeTransformer, packing: str, quantized: bool) -> str:
-    """Pack the model's linear layers as asked (in place); return the packing it ends up with."""
+def _apply_packing(
+    model: NativeTransformer, packing: str, quantized: bool, rows_per_call: int
+) -> tuple[str, LayoutChoice | None]:
+    """Pack the model's linear layers as asked (in place).
+
+    Returns the packing it ends up with, and the timed `LayoutChoice` when 'auto' chose by timing.
+    """
     from specdecode.native.fast import current_packing, pack_linears, packing_available
 
     current = current_packing(model)
     if quantized:  # int8 layers have their own kernel; there is nothing to pack
         if packing not in ("auto", "none"):
             raise ValueError(f"packing={packing!r} does not apply to an int8 model; use packing='auto' or 'none'")
-        return "none"
+        return "none", None
     if packing == "auto":
         if current != "none":
-            return current
+            return current, None
+        if not (model.device.type == "cpu" and packing_available(model.dtype)):
+            return "none", None
+        rows = min(rows_per_call, model.config.max_position_embeddings - 1)  # no call feeds more
+        if model.dtype == torch.float32 and rows > 1:  # which layout verifies fastest depends on the CPU
+            from specdecode.native.layout import choose_packing
+
+            choice = choose_packing(model, rows)
+            return choice.packing, choice
         # float32: MKL's gemv beats oneDNN for one row, so keep both; bfloat16: oneDNN wins for any rows
-        best = {torch.float32: "dual", torch.bfloat16: "packed"}.get(model.dtype, "none")
-        packing = best if model.device.type == "cpu" and packing_available(model.dtype) else "none"
+        packing = {torch.float32: "dual", torch.bfloat16: "packed"}.get(model.dtype, "none")
     if packing == current:
-        return current
+        return current, None
     if current != "none":
         raise ValueError(f"the model is already packed as {current!r}; build a fresh model for packing={packing!r}")
     pack_linears(model, packing)
-    return packing
+    return packing, None
 
 
 @functools.cache
@@ -81,9 +97,11 @@ class NativeLM:
     window attention is full attention, so capping the context there keeps it exact.
     packing: 'none' (plain nn.Linear), 'packed' (weights prepacked for oneDNN: several rows cost little
     more than one), 'dual' (also a plain copy for single rows: fastest in float32, twice the weight
-    memory) or 'auto' (on a CPU with oneDNN: dual for float32, packed for bfloat16 where the CPU has
-    bfloat16 support; else none); see
-    `specdecode.native.fast`. quantize: 'none' or 'int8' (weight-only int8 with per-channel scales,
+    memory) or 'auto' (on a CPU with oneDNN: for float32 dual, or with rows_per_call > 1 whichever of
+    dual and none runs that many rows fastest here, timed once per machine (`specdecode.native.layout`,
+    then `layout_choice`); packed for bfloat16 where the CPU has bfloat16 support; else none); see
+    `specdecode.native.fast`. rows_per_call: the rows most calls will feed (gamma + 1 for a target
+    verifying gamma draft tokens). quantize: 'none' or 'int8' (weight-only int8 with per-channel scales,
     `specdecode.native.quant`; an int8 model is not packed). Both replace the model's layers in
     place. compile=True runs the model through torch.compile (minutes to start, not faster on CPU
     in our measurements).
@@ -96,11 +114,14 @@ class NativeLM:
         max_cache_len: int = DEFAULT_MAX_CACHE_LEN,
         *,
         packing: str = "auto",
+        rows_per_call: int = 1,
         quantize: str = "none",
         compile: bool = False,
     ) -> None:
         if isinstance(max_cache_len, bool) or not isinstance(max_cache_len, int) or max_cache_len < 2:
             raise ValueError(f"max_cache_len must be an integer >= 2, got {max_cache_len!r}")
+        if isinstance(rows_per_call, bool) or not isinstance(rows_per_call, int) or rows_per_call < 1:
+            raise ValueError(f"rows_per_call must be an integer >= 1, got {rows_per_call!r}")
         check_packing(packing)
         if quantize != "none" and packing in ("packed", "dual"):
             raise ValueError(f"packing={packing!r} does not apply to quantize={quantize!r}; "
@@ -115,9 +136,11 @@ class NativeLM:
         self.max_length = min(config.max_position_embeddings, config.sliding_window or max_cache_len, max_cache_len)
         self.device = model.device
         self.quantize = _apply_quantization(model, quantize)
-        self.packing = _apply_packing(model, "none" if compile else packing, quantized=self.quantize != "none")
-        if self.packing != "none" or self.quantize != "none":
-            release_freed_memory()
+        self.packing, self.layout_choice = _apply_packing(
+            model, "none" if compile else packing, quantized=self.quantize != "none", rows_per_call=rows_per_call
+        )
+        if self.packing != "none" or self.quantize != "none" or self.layout_choice is not None:
+            release_freed_memory()  # the replaced weights (or the layout that lost the timing)
         self._forward = model
         if compile:
             from specdecode.native.fast import compiled_forward

@@ -4,7 +4,7 @@ Decoding and verification feed 1..16 rows at a time, so every matmul streams its
 from memory. Measured on SmolLM2-135M, float32, 2 idle Xeon cores (bench.py --quick):
 - plain weights (MKL): T(1) 53 ms, T(5)/T(1) 1.7;
 - oneDNN, weights reordered once into its blocked layout ('packed'): T(1) 65 ms, T(5)/T(1) 1.15;
-- DualLinear ('dual', the float32 default) keeps both: MKL's gemv for one row, oneDNN for several:
+- DualLinear ('dual', the float32 default for one row per call) keeps both: MKL's gemv for one row, oneDNN for several:
   T(1) 41 ms, the best single row, and several rows cost what 'packed' costs (T(5) ~66-79 ms).
   Its T(k)/T(1) is ~1.6-1.9 only because its T(1) is lower: float32 arithmetic for k rows is not
   free on 2 cores. Using the plain copy for several rows of the narrow layers (qkv, o, down) was

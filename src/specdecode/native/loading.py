@@ -444,7 +444,7 @@ def load_native(
     Takes the default model's name, a `.gguf` file or a Hugging Face directory (or cached model id).
     `hf_model` of the result is a `NativeModelInfo` (transformers config and generation_config, no weights).
     quantize='int8' stores the weights as int8 with per-channel scales (`specdecode.native.quant`);
-    the other engine_options go to `NativeLM` (packing=..., compile=...).
+    the other engine_options go to `NativeLM` (packing=..., rows_per_call=..., compile=...).
     """
     from specdecode.native.quant import check_quantize
 
