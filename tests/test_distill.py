@@ -110,6 +110,9 @@ def test_distill_writes_a_loadable_draft_that_learned(distilled, tiny_target):
     held = report["held_out"]["all"]
     assert 0 <= held["alpha_greedy"] <= 1 and 0 < held["alpha_t1"] <= 1 and held["positions"] > 0
     assert set(report["held_out"]) == {"all", "a", "b"}
+    fit = report["train_sample"]  # as many training sequences as held out, scored the same way
+    assert 0 <= fit["alpha_greedy"] <= 1 and 0 < fit["alpha_t1"] <= 1 and fit["positions"] > 0
+    assert f"On {report['held_out_sequences']} training sequences" in (out / "draft" / "README.md").read_text()
     init = torch.load(out / "init.pt", weights_only=True)
     data = load_teacher(out)
     from specdecode.distill.train import _batch, distill_loss
@@ -397,6 +400,8 @@ def test_distilling_an_eagle_draft_learns_from_the_targets_features(eagle_distil
     target, _ = tiny_target
     assert is_eagle_draft(out / "draft") and report["architecture"]["eagle"]
     assert "EAGLE-style" in (out / "draft" / "README.md").read_text()
+    fit = report["train_sample"]  # scored on the training sequences' own features
+    assert 0 <= fit["alpha_greedy"] <= 1 and 0 < fit["alpha_t1"] <= 1 and fit["positions"] > 0
     data = load_teacher(out)
     native = native_from_hf_model(tiny_llama(suppress_eos=False), torch.float32)
     features = target_features(native, data, out)  # read back from the work directory

@@ -178,9 +178,10 @@ def weight_count(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters()) + table
 
 
-def _start_eagle(loaded, out: Path, data: TeacherData, train_indices: list[int], held: list[int],
+def _start_eagle(loaded, out: Path, data: TeacherData, train_indices: list[int],
                  choose_output: Callable[[], torch.Tensor], seed: int):
-    """An EAGLE network (from out/init.pt when resuming), its output_ids, the training loss and held-out logits.
+    """An EAGLE network (from out/init.pt when resuming), its output_ids, the training loss, and logits_on:
+    logits_on(indices into data) gives the logits_fn `evaluate` takes for data.subset(indices).
 
     choose_output() gives the head's token ids of a fresh start; a resumed one reads them from init.pt.
 
@@ -202,8 +203,11 @@ def _start_eagle(loaded, out: Path, data: TeacherData, train_indices: list[int],
         torch.save({"model": network.state_dict(), "output_ids": output_ids, "kind": "eagle"}, init_path)
     embedding = target.embed.weight.detach()
     training = EagleObjective(network, embedding, [features[i] for i in train_indices])
-    held_out = EagleObjective(network, embedding, [features[i] for i in held])
-    return network, output_ids, training.loss, held_out.logits
+
+    def logits_on(indices: Sequence[int]):
+        return EagleObjective(network, embedding, [features[i] for i in indices]).logits
+
+    return network, output_ids, training.loss, logits_on
 
 
 def distill(
@@ -238,11 +242,11 @@ def distill(
     train_data, eval_data = data.subset(train_indices), data.subset(held)
     eos = sorted(end_of_sequence_ids(loaded.hf_model, tokenizer))
     init_path = out / "init.pt"
-    train_loss = eval_logits = None  # a transformer draft reads token ids only
+    train_loss = logits_on = None  # a transformer draft reads token ids only
     features_started = time.perf_counter()
     if architecture.eagle:
-        model, output_ids, train_loss, eval_logits = _start_eagle(
-            loaded, out, data, train_indices, held,
+        model, output_ids, train_loss, logits_on = _start_eagle(
+            loaded, out, data, train_indices,
             lambda: choose_output_ids(train_data, architecture.output_vocab, vocab_size, eos), train_config.seed,
         )
         features_seconds = time.perf_counter() - features_started  # mostly the target's features
@@ -270,10 +274,18 @@ def distill(
     output_index[output_ids] = torch.arange(output_ids.numel())
     train_started = time.perf_counter()
     train(model, train_data, output_index, train_config, out, loss_fn=train_loss)
+    # as many training sequences as held out: how far the held-out alpha is from what training fits
+    sample = sorted(random.Random(data_config.seed).sample(train_indices, min(len(held), len(train_indices))))
+
+    def score(indices: list[int]) -> dict:
+        logits_fn = None if logits_on is None else logits_on(indices)
+        return evaluate(model, data.subset(indices), output_index, train_config.batch_tokens, logits_fn)
+
     report = {
         "target": target,
         "command": command or f"specdecode distill --target {target} --out DIR",
-        "held_out": evaluate(model, eval_data, output_index, train_config.batch_tokens, eval_logits),
+        "held_out": score(held),
+        "train_sample": score(sample)["all"],
         "train_sequences": len(train_data),
         "train_positions": train_data.num_positions(),
         "held_out_sequences": len(eval_data),
