@@ -2,10 +2,11 @@
 
 Speculative decoding feeds the target gamma + 1 rows per call. Which layout runs those fastest depends
 on the CPU: on a 2-core AMD EPYC 'dual' verified 2 rows for 1.06 single rows, on a 2-core Xeon for
-1.36, where plain weights ('none') took 1.06 (docs/benchmarks.md). 'dual' always has the fastest single
-row, so it stays the choice for one row; for more, `choose_packing` times 'dual' and 'none' on the
+1.36, where plain weights ('none') took 1.06 (docs/benchmarks.md). 'dual' had the fastest single row
+on both, so it stays the choice for one row; for more, `choose_packing` times 'dual' and 'none' on the
 model itself, interleaved, and caches the result on disk per machine (CPU model, threads, torch
-version, model shape, dtype, rows), so only the first load on a machine pays the ~1-2 s of timing.
+version, model shape, dtype, rows), so only the first load on a machine pays for it (about 3 s on
+SmolLM2-135M, most of it oneDNN's packing).
 'packed' is not a candidate: it runs several rows as 'dual' does and one row slower.
 """
 
@@ -33,7 +34,7 @@ __all__ = ["LayoutChoice", "CANDIDATES", "TIE", "choose_packing", "time_layouts"
 
 logger = logging.getLogger(__name__)
 
-CANDIDATES = ("dual", "none")  # the first is the default when the timings tie
+CANDIDATES = ("dual", "none")  # in order of preference where both T(rows) and T(1) tie
 TIE = 0.03  # layouts whose T(rows) differ by less than this fraction tie; the faster single row breaks it
 _CONTEXT = 32  # tokens in the cache before the timed passes
 _REPS = 7
