@@ -239,7 +239,7 @@ def distill(
     data = load_teacher(out)
     held = held_out_indices(data.categories, held_out, data_config.seed)
     train_indices = sorted(set(range(len(data))) - set(held))
-    train_data, eval_data = data.subset(train_indices), data.subset(held)
+    train_data = data.subset(train_indices)
     eos = sorted(end_of_sequence_ids(loaded.hf_model, tokenizer))
     init_path = out / "init.pt"
     train_loss = logits_on = None  # a transformer draft reads token ids only
@@ -288,7 +288,7 @@ def distill(
         "train_sample": score(sample)["all"],
         "train_sequences": len(train_data),
         "train_positions": train_data.num_positions(),
-        "held_out_sequences": len(eval_data),
+        "held_out_sequences": len(held),
         "parameters": weight_count(model),
         "data_seconds": round(data_seconds, 1),
         "train_seconds": round(time.perf_counter() - train_started, 1),
