@@ -158,6 +158,9 @@ def test_eagle_directory_round_trip(tmp_path):
         torch.testing.assert_close(loaded.state_dict()[name], value.to(torch.bfloat16).float())
     with pytest.raises(ValueError, match="'eagle' draft, not a standalone transformer"):
         load_distilled(tmp_path / "eagle")
+    # the weights are as readable as the rest of the directory (safetensors alone writes them 0600)
+    modes = {path.name: path.stat().st_mode & 0o777 for path in (tmp_path / "eagle").iterdir()}
+    assert modes["model.safetensors"] == modes["draft_config.json"], modes
 
 
 def test_make_drafter_builds_an_eagle_drafter_and_refuses_a_non_native_target(tmp_path):

@@ -15,6 +15,7 @@ there and verification stays exact.
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
@@ -105,6 +106,9 @@ def write_draft_directory(directory: Path, state: Mapping[str, torch.Tensor], ou
         "report": dict(report),
     }
     (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    # safetensors writes its file owner-only (0600); a draft directory is made to be shared, so the weights
+    # get the mode the config file got from the umask
+    shutil.copymode(directory / CONFIG_FILE, directory / WEIGHTS_FILE)
     if tokenizer is not None:
         tokenizer.save_pretrained(directory)
 
