@@ -4,8 +4,9 @@ import math
 
 import pytest
 import torch
+from scipy.stats import chisquare
 
-from specdecode.core.sampling import SamplingParams, probabilities, sample
+from specdecode.core.sampling import SamplingParams, invert_cdf, probabilities, sample
 
 LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])
 
@@ -60,6 +61,29 @@ def test_batch_shapes_and_float32():
 def test_minus_inf_logits_get_zero_probability():
     p = probabilities(torch.tensor([0.0, float("-inf"), 1.0]), SamplingParams(1.3))
     assert p[1] == 0 and not torch.isnan(p).any()
+
+
+def test_sample_draws_the_given_distribution_and_never_a_zero_probability_token():
+    weights = torch.tensor([0.0, 3.0, 0.0, 1.0, 0.5, 0.0, 2.5, 0.0])  # unnormalised, zeros inside and at both ends
+    draws = sample(weights.expand(200_000, -1), torch.Generator().manual_seed(0))  # [200000]
+    counts = torch.bincount(draws, minlength=len(weights))
+    assert counts[weights == 0].sum() == 0
+    keep = weights > 0
+    expected = weights[keep].double() / weights.sum().double() * len(draws)
+    assert chisquare(counts[keep].numpy(), expected.numpy()).pvalue > 1e-3
+
+
+def test_inverting_the_cdf_at_its_total_gives_the_last_token_of_positive_probability():
+    cdf = torch.tensor([[0.0, 0.25, 0.25, 1.0, 1.0, 1.0]], dtype=torch.float64)  # tokens 1 and 3 only
+    assert invert_cdf(cdf, torch.tensor([[1.0]], dtype=torch.float64)).tolist() == [3]
+    assert invert_cdf(cdf, torch.tensor([[0.0]], dtype=torch.float64)).tolist() == [1]
+    assert invert_cdf(cdf, torch.tensor([[0.25]], dtype=torch.float64)).tolist() == [3]
+
+
+@pytest.mark.parametrize("row", [[0.0, 0.0, 0.0], [0.5, float("nan"), 0.5]])
+def test_sample_refuses_a_row_without_positive_mass(row):
+    with pytest.raises(ValueError, match="sample: every row of probs"):
+        sample(torch.tensor([[0.2, 0.3, 0.5], row]), None)
 
 
 def test_sample_is_reproducible_with_a_generator():
