@@ -190,6 +190,22 @@ def test_a_baseline_that_does_not_repeat_itself_is_flagged():
     assert len(mismatches) == 1 and "did not repeat" in mismatches[0]["problem"]
 
 
+def test_the_speedup_after_the_first_token_compares_the_decode_rates_of_the_stats():
+    def method(label, family, seconds, decode_rate):
+        def generate(prompt, temperature, seed, limit=None):
+            stats_dict = None if decode_rate is None else {"decode_tokens_per_s": decode_rate}
+            return Output([1, 2, 3, 4], seconds, "length", stats_dict)
+
+        return Method(label, "specdecode", family, label, 2, generate)
+
+    records, _ = run_step(Step(0, 0.0, method("target alone", "baseline", 2.0, 3.0), [method("good γ=2", "specdecode", 1.0, 9.0)], 0, {}))
+    spec = next(r for r in records if r["role"] == "method")
+    assert spec["speedup"] == pytest.approx(2.0) and spec["decode_speedup"] == pytest.approx(3.0)
+    # Hugging Face peers carry no specdecode stats
+    records, _ = run_step(Step(0, 0.0, method("HF plain", "baseline", 2.0, None), [method("HF peer", "peer", 1.0, None)], 0, {}))
+    assert next(r for r in records if r["role"] == "method")["decode_speedup"] is None
+
+
 def test_run_steps_calls_back_after_each_step():
     steps = [_fake_step(0.0, broken_tokens=(1, 2, 3, 4), prompt=i)[0] for i in range(2)]
     done, records_seen = [], []
@@ -229,7 +245,7 @@ def test_summary_and_report_of_a_clean_run_with_costs():
     assert row["measured_over_predicted"] == pytest.approx(2.0 / row["predicted"])
     text = render(results)
     assert "all 2 greedy speculative runs are token-identical" in text
-    assert "MISMATCH" not in text
+    assert "MISMATCH" not in text and "after the first token" in text
     for title in ("Table 2 style", "Table 3 style", "Gamma sweep", "Spec-Bench per category", "Measured costs", "Noise"):
         assert title in text
 

@@ -90,6 +90,8 @@ def test_statistics_are_consistent():
     assert s.mean_accepted == 60 / s.target_calls
     assert s.target_calls - 1 - s.draft_calls in (0, 1)  # every round asked for a draft but maybe the 1-token last
     assert s.seconds >= s.target_seconds + s.draft_seconds - 1e-9
+    assert 0 < s.first_token_seconds < s.seconds
+    assert s.decode_tokens_per_s == pytest.approx(59 / (s.seconds - s.first_token_seconds))
     assert set(s.to_dict()) >= {"target_calls", "draft_calls", "mean_accepted", "alpha", "tokens_per_s", "seconds"}
 
 

@@ -38,6 +38,7 @@ class GenerationStats:
     proposed_per_position: list[int] = field(default_factory=list)  # [gamma]: draft tokens that reached position i
     accepted_per_position: list[int] = field(default_factory=list)  # [gamma]: ... and were accepted there
     seconds: float = 0.0
+    first_token_seconds: float = 0.0  # until the first new token: the prefills of target and draft
     target_seconds: float = 0.0
     draft_seconds: float = 0.0
 
@@ -61,6 +62,12 @@ class GenerationStats:
         return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
 
     @property
+    def decode_tokens_per_s(self) -> float:
+        """Tokens after the first over the time after it: the decoding rate without the prefills."""
+        decoding = self.seconds - self.first_token_seconds
+        return (self.new_tokens - 1) / decoding if self.new_tokens > 1 and decoding > 0 else 0.0
+
+    @property
     def overhead_seconds(self) -> float:
         return max(0.0, self.seconds - self.target_seconds - self.draft_seconds)
 
@@ -70,6 +77,7 @@ class GenerationStats:
             alpha=self.alpha,
             mean_accepted=self.mean_accepted,
             tokens_per_s=self.tokens_per_s,
+            decode_tokens_per_s=self.decode_tokens_per_s,
             overhead_seconds=self.overhead_seconds,
         )
         return out
@@ -193,6 +201,7 @@ def _loop(
             drafter.start(prompt)
 
     new = [first]
+    stats.first_token_seconds = time.perf_counter() - start
     while True:
         new, reason = _truncate(generated, new, eos, stop, max_new_tokens)
         generated.extend(new)

@@ -99,7 +99,8 @@ def run_step(
 ) -> tuple[list[dict], list[dict]]:
     """Run one step in interleaved order; return (records, greedy mismatches).
 
-    Method records get `baseline_tokens_per_s` (the runs before and after), `speedup` and, at
+    Method records get `baseline_tokens_per_s` (the runs before and after), `speedup`, `decode_speedup`
+    (the same after the first token, from specdecode stats; else None) and, at
     temperature 0, `identical` (tokens equal to the baseline run before it). At temperature 0
     every baseline run must also repeat the first one exactly.
     """
@@ -122,6 +123,7 @@ def _complete(records: list[dict], i: int, step: Step, on_record, on_mismatch) -
     record, before, after = records[i], records[i - 1], records[i + 1]
     record["baseline_tokens_per_s"] = [before["tokens_per_s"], after["tokens_per_s"]]
     record["speedup"] = run_speedup(record["tokens_per_s"], record["baseline_tokens_per_s"])
+    record["decode_speedup"] = _decode_speedup(record, before, after)
     record["identical"] = None
     if step.temperature == 0:
         record["identical"] = record["token_ids"] == before["token_ids"]
@@ -143,6 +145,14 @@ def _complete(records: list[dict], i: int, step: Step, on_record, on_mismatch) -
             }
             on_mismatch(record["mismatch"])
     on_record(record)
+
+
+def _decode_speedup(record: dict, before: dict, after: dict) -> float | None:
+    """The speedup after the first token (GenerationStats.decode_tokens_per_s); None without specdecode stats."""
+    rates = [(r.get("stats") or {}).get("decode_tokens_per_s") for r in (record, before, after)]
+    if any(rate is None for rate in rates):
+        return None
+    return run_speedup(rates[0], rates[1:])
 
 
 def _first_difference(a: Sequence[int], b: Sequence[int]) -> int:

@@ -87,7 +87,8 @@ def _header(results: Mapping) -> list[str]:
         lines.append(f"- {results['fit_corpus']}")
     lines += [
         "- speedup: a run's tokens/s over the mean tokens/s of the same engine's plain decoding run just before and "
-        "just after it (runs interleaved A B A C A ...); shown as median [IQR] (min–max) over runs",
+        "just after it (runs interleaved A B A C A ...); shown as median [IQR] (min–max) over runs; "
+        "after the first token: the same ratio without the prefills, (tokens − 1) over the time after the first token",
         "- predicted: Thm 3.8 with measured costs, E(α, γ) / (γ c + T(γ+1)/T(1)), E = (1 − α^(γ+1)) / (1 − α); "
         "α pooled over the runs, c = T_draft(1)/T_target(1) from timed `extend` calls (or, for drafters without "
         "a model, their measured draft time per drafted position), T(k) the target's `extend` of k tokens; "
@@ -135,12 +136,13 @@ def _table2(summary: Mapping) -> list[str]:
         if row is None:
             continue
         rows.append([f"`{best['drafter']}`", _t(best["temperature"]), best["measured"], _f(_accept(row, "alpha")),
-                     _f(_accept(row, "tokens_per_call")), _speedup(row["speedup"], full=False), _f(row["predicted"], ".2f", "×"),
+                     _f(_accept(row, "tokens_per_call")), _speedup(row["speedup"], full=False),
+                     _speedup(row.get("decode_speedup"), full=False), _f(row["predicted"], ".2f", "×"),
                      _f(row["measured_over_predicted"]), _f(best["predicted"], "d"), _f(best["ideal"], "d")])
     lines = ["## Speedup by draft and temperature (paper Table 2 style)", "",
              "At the measured best γ of the sweep. γ* Thm 3.8: the best γ predicted with measured costs; "
              "ideal: `optimal_gamma(α, c)`, the paper's formula with free verification.", ""]
-    lines += _table(["draft", "T", "γ", "α", "tokens/call", "speedup", "predicted", "measured/predicted",
+    lines += _table(["draft", "T", "γ", "α", "tokens/call", "speedup", "after the first token", "predicted", "measured/predicted",
                      "γ* Thm 3.8", "γ* ideal"], rows)
     return lines + [""]
 
@@ -203,11 +205,13 @@ def _categories(results: Mapping) -> list[str]:
                      _f(first["baseline_tokens_per_s"]["median"], ".1f")]
             for m in methods:
                 r = by.get((m, category))
-                cells += ["–", "–"] if r is None else [_speedup(r["speedup"], full=category is None),
-                                                       _f(_accept(r, "tokens_per_call"))]
+                cells += ["–"] * 3 if r is None else [_speedup(r["speedup"], full=category is None),
+                                                      _speedup(r.get("decode_speedup"), full=False),
+                                                      _f(_accept(r, "tokens_per_call"))]
             table.append(cells)
         lines += [f"### T = {_t(t)}", ""]
-        lines += _table(["category", "prompts", "baseline tok/s", *[c for m in methods for c in (m, "τ")]], table)
+        lines += _table(["category", "prompts", "baseline tok/s",
+                         *[c for m in methods for c in (m, "after the first token", "τ")]], table)
         lines.append("")
     return lines
 

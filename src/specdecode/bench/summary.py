@@ -57,6 +57,7 @@ def _row(records: Sequence[Mapping], costs: Mapping | None, **keys) -> dict:
         "runs": len(records),
         "prompts": len({r["prompt"] for r in records}),
         "speedup": spread(r.get("speedup") for r in records),
+        "decode_speedup": spread(r.get("decode_speedup") for r in records),
         "tokens_per_s": spread(r["tokens_per_s"] for r in records),
         "baseline_tokens_per_s": spread(statistics.fmean(r["baseline_tokens_per_s"]) for r in records if r.get("baseline_tokens_per_s")),
         "acceptance": acceptance,
