@@ -83,6 +83,7 @@ def test_json_compare(capsys, models, dirs, draft):
     assert record["baseline"]["token_ids"] == expected
     assert record["identical"] is True
     assert isinstance(record["speedup"], float) and record["speedup"] > 0
+    assert record["decode_speedup"] == pytest.approx(record["stats"]["decode_tokens_per_s"] / record["baseline"]["decode_tokens_per_s"])
     assert record["baseline"]["tokens_per_s"] > 0 and record["baseline"]["seconds"] > 0
 
     stats = record["stats"]
@@ -194,6 +195,7 @@ def test_streaming_text_and_stats_line(capsys, models, dirs, draft):
     assert "greedy outputs identical" in err
     assert "DIFFER" not in err
     assert "[target alone]" in err
+    assert "first token after" in err and "x after the first token)" in err
     label = {"model": f"model:{spec}", "ngram": "ngram:1-3", "none": "none"}[draft]
     assert f"[{label} gamma=4]" in err
 

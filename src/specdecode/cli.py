@@ -12,7 +12,7 @@ from specdecode.backends import BACKENDS, PACKINGS
 from specdecode.bench import cli as bench_cli
 from specdecode.core.sampling import SamplingParams
 from specdecode.distill import cli as distill_cli
-from specdecode.decoding import GenerationResult
+from specdecode.decoding import GenerationResult, GenerationStats
 from specdecode.models.loading import DEFAULT_TARGET
 from specdecode.pipeline import AUTO_GAMMA, DEFAULT_DRAFT, DEFAULT_GAMMA, Pipeline, incremental_text
 
@@ -175,17 +175,25 @@ def _record(pipeline, result: GenerationResult, baseline: GenerationResult | Non
         record["baseline"] = {
             "token_ids": baseline.token_ids,
             "tokens_per_s": baseline.stats.tokens_per_s,
+            "decode_tokens_per_s": baseline.stats.decode_tokens_per_s,
             "seconds": baseline.stats.seconds,
         }
         record["identical"] = baseline.token_ids == result.token_ids if sampling.greedy else None
         record["speedup"] = _speedup(result, baseline)
+        record["decode_speedup"] = _speedup(result, baseline, after_first_token=True)
     return record
 
 
-def _speedup(result: GenerationResult, baseline: GenerationResult) -> float | None:
-    if baseline.stats.tokens_per_s <= 0:
-        return None
-    return result.stats.tokens_per_s / baseline.stats.tokens_per_s
+def _speedup(result: GenerationResult, baseline: GenerationResult, after_first_token: bool = False) -> float | None:
+    """tokens/s over the baseline's; with after_first_token, the decoding rates without the prefills."""
+    rates = [r.stats.decode_tokens_per_s if after_first_token else r.stats.tokens_per_s for r in (result, baseline)]
+    return rates[0] / rates[1] if rates[1] > 0 else None
+
+
+def _rates(s: GenerationStats) -> str:
+    """'12 tokens in 0.50s (24.0 tok/s; first token after 0.10s, then 27.5 tok/s)'"""
+    return (f"{s.new_tokens} tokens in {s.seconds:.2f}s ({s.tokens_per_s:.1f} tok/s; "
+            f"first token after {s.first_token_seconds:.2f}s, then {s.decode_tokens_per_s:.1f} tok/s)")
 
 
 def _summary(result: GenerationResult, baseline: GenerationResult | None, sampling, pipeline) -> str:
@@ -193,15 +201,16 @@ def _summary(result: GenerationResult, baseline: GenerationResult | None, sampli
     alpha = "n/a" if s.alpha is None else f"{s.alpha:.2f}"
     draft = pipeline.drafter.name if pipeline.drafter else "none"
     line = (
-        f"[{draft} gamma={pipeline.gamma}] {s.new_tokens} tokens in {s.seconds:.2f}s ({s.tokens_per_s:.1f} tok/s), "
+        f"[{draft} gamma={pipeline.gamma}] {_rates(s)}, "
         f"{s.target_calls} target calls, {s.mean_accepted:.2f} tokens/call, alpha {alpha}, "
         f"time target {s.target_seconds:.2f}s / draft {s.draft_seconds:.2f}s / other {s.overhead_seconds:.2f}s, "
         f"finish: {result.finish_reason}"
     )
     if baseline is not None:
-        speedup = _speedup(result, baseline)
-        line += f"\n[target alone] {baseline.stats.new_tokens} tokens in {baseline.stats.seconds:.2f}s ({baseline.stats.tokens_per_s:.1f} tok/s)"
+        speedup, after_first = _speedup(result, baseline), _speedup(result, baseline, after_first_token=True)
+        line += f"\n[target alone] {_rates(baseline.stats)}"
         line += f"; speedup {speedup:.2f}x" if speedup else ""
+        line += f" ({after_first:.2f}x after the first token)" if after_first else ""
         if sampling.greedy:
             same = baseline.token_ids == result.token_ids
             line += "; greedy outputs identical" if same else "; GREEDY OUTPUTS DIFFER (this is a bug, please report it)"
