@@ -69,6 +69,12 @@ def _run_json(capsys, *argv) -> list[dict]:
 # --------------------------------------------------------------------------- JSON output
 
 
+def test_json_compare_of_a_single_token_has_no_speedup_after_the_first_token(capsys, dirs):
+    (record,) = _run_json(capsys, PROMPT, "--target", dirs["target"], "--draft", "ngram", "--compare", "--max-new-tokens", 1)
+    assert len(record["token_ids"]) == 1 and record["stats"]["decode_tokens_per_s"] == 0.0
+    assert record["speedup"] > 0 and record["decode_speedup"] is None
+
+
 @pytest.mark.parametrize("draft", ["model", "ngram", "none"])
 def test_json_compare(capsys, models, dirs, draft):
     spec = str(dirs["draft"]) if draft == "model" else draft

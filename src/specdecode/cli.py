@@ -187,6 +187,8 @@ def _record(pipeline, result: GenerationResult, baseline: GenerationResult | Non
 def _speedup(result: GenerationResult, baseline: GenerationResult, after_first_token: bool = False) -> float | None:
     """tokens/s over the baseline's; with after_first_token, the decoding rates without the prefills."""
     rates = [r.stats.decode_tokens_per_s if after_first_token else r.stats.tokens_per_s for r in (result, baseline)]
+    if after_first_token and min(rates) <= 0:  # a single token: nothing was decoded after the first
+        return None
     return rates[0] / rates[1] if rates[1] > 0 else None
 
 
