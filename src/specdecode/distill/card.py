@@ -58,7 +58,8 @@ def _fit(report: dict) -> str:
     fit = report.get("train_sample")
     if fit is None:
         return ""
-    return (f"\nOn {report['held_out_sequences']} training sequences ({fit['positions']} positions) the same draft has alpha "
+    sequences = min(report["held_out_sequences"], report["train_sequences"])  # the recipe's sample size
+    return (f"\nOn {sequences} training sequences ({fit['positions']} positions) the same draft has alpha "
             f"greedy {fit['alpha_greedy']:.3f} and T=1 {fit['alpha_t1']:.3f};\nthe gap to the held-out alpha is the part "
             f"of its fit that does not carry over to new sequences.\n")
 
