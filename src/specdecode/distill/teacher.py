@@ -4,7 +4,9 @@ Everything is written to the work directory in safetensors shards as it goes, so
 run resumes at the first missing shard and training never runs the target again:
 - `generate_responses`: the target answers the prompts (chat template, batched Hugging Face
   `generate`, greedy or sampled at temperature 1); the top-k log-probabilities of the target at
-  each response position come from the same `generate` call (its raw logits);
+  each response position come from the same `generate` call (its raw logits). Prompts are batched
+  within blocks of RESPONSE_BLOCK, so the shards of a complete block do not depend on the prompts
+  after it, and a resumed run checks that each shard holds its batch's prompts;
 - `cache_text`: one teacher-forced pass of the target over natural text.
 Each shard holds, per sequence j: `j.ids` [L], `j.topk_ids` / `j.topk_logp` [L - 1 - first, k] for
 the predictions of tokens first+1 .. L-1, and the metadata lists categories and `first` offsets.
@@ -26,9 +28,13 @@ from tqdm.auto import tqdm
 from specdecode.distill.sources import TrainingPrompt
 from specdecode.native.loading import end_of_sequence_ids
 
-__all__ = ["TeacherData", "generate_responses", "cache_text", "load_teacher", "chat_ids"]
+__all__ = ["TeacherData", "RESPONSE_BLOCK", "response_batches", "generate_responses", "cache_text", "load_teacher", "chat_ids"]
 
 logger = logging.getLogger(__name__)
+
+# Prompts are sorted by length (little padding) only within blocks of this many: 256 built-in prompts
+# per category. The batches of a complete block, and so its shards, stay the same when prompts are added.
+RESPONSE_BLOCK = 3072
 
 
 @dataclass
@@ -77,6 +83,26 @@ def _save_shard(path: Path, rows: Sequence[tuple[str, list[int], int, torch.Tens
     tmp.replace(path)
 
 
+def response_batches(lengths: Sequence[int], batch_size: int, block: int = RESPONSE_BLOCK) -> list[list[int]]:
+    """Prompt indices batched by similar length within each block of `block` consecutive prompts."""
+    batches: list[list[int]] = []
+    for start in range(0, len(lengths), block):
+        order = sorted(range(start, min(start + block, len(lengths))), key=lambda i: lengths[i])
+        batches += [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    return batches
+
+
+def _check_shard(path: Path, categories: list[str], encoded: list[list[int]]) -> None:
+    """Refuse a shard whose rows do not start with the prompts of its batch (another run's data)."""
+    with safe_open(path, "pt") as handle:
+        recorded = json.loads(handle.metadata()["categories"])
+        same = recorded == categories and all(
+            handle.get_tensor(f"{j}.ids")[: len(ids)].tolist() == ids for j, ids in enumerate(encoded)
+        )
+    if not same:
+        raise ValueError(f"{path} holds other prompts than its batch (data of other settings or sources); use another --out")
+
+
 @torch.inference_mode()
 def generate_responses(
     hf_model,
@@ -90,19 +116,26 @@ def generate_responses(
     sample_fraction: float,
     seed: int,
     max_prompt_tokens: int,
+    block: int = RESPONSE_BLOCK,
 ) -> None:
     """The target's responses to prompts with its top-k distributions, one shard per batch (resumes).
 
     Every round(1 / sample_fraction)-th batch is sampled at temperature 1, the others are greedy;
     each batch reseeds torch from (seed, batch index), so a resumed run writes the same data.
+    Shards already there are checked against their batch's prompts, and kept.
     """
     eos = end_of_sequence_ids(hf_model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos)
     sampled_every = round(1 / sample_fraction) if sample_fraction > 0 else 0
     encoded_all = [chat_ids(tokenizer, p.text)[-max_prompt_tokens:] for p in prompts]
-    order = sorted(range(len(prompts)), key=lambda i: len(encoded_all[i]))  # similar lengths: little padding
-    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-    todo = [b for b in range(len(batches)) if not (Path(workdir) / f"responses-{b:05d}.safetensors").is_file()]
+    batches = response_batches([len(ids) for ids in encoded_all], batch_size, block)
+    todo = []
+    for b, batch in enumerate(batches):
+        shard = Path(workdir) / f"responses-{b:05d}.safetensors"
+        if shard.is_file():
+            _check_shard(shard, [prompts[i].category for i in batch], [encoded_all[i] for i in batch])
+        else:
+            todo.append(b)
     for b in tqdm(todo, desc="target responses", unit="batch"):
         batch = [prompts[i] for i in batches[b]]
         encoded = [encoded_all[i] for i in batches[b]]
