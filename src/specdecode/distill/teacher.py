@@ -8,6 +8,8 @@ run resumes at the first missing shard and training never runs the target again:
   within blocks of RESPONSE_BLOCK, so the shards of a complete block do not depend on the prompts
   after it, and a resumed run checks that each shard holds its batch's prompts;
 - `cache_text`: one teacher-forced pass of the target over natural text.
+Shards are named <series>-<batch>.safetensors: `responses` (the built-in or file prompts), `german` (the
+German translation prompts, their own series so they do not move when prompts are added), `text`.
 Each shard holds, per sequence j: `j.ids` [L], `j.topk_ids` / `j.topk_logp` [L - 1 - first, k] for
 the predictions of tokens first+1 .. L-1, and the metadata lists categories and `first` offsets.
 """
@@ -28,13 +30,17 @@ from tqdm.auto import tqdm
 from specdecode.distill.sources import TrainingPrompt
 from specdecode.native.loading import end_of_sequence_ids
 
-__all__ = ["TeacherData", "RESPONSE_BLOCK", "response_batches", "generate_responses", "cache_text", "load_teacher", "chat_ids"]
+__all__ = [
+    "TeacherData", "RESPONSE_BLOCK", "SHARD_SERIES", "response_batches", "generate_responses", "cache_text", "load_teacher",
+    "chat_ids",
+]
 
 logger = logging.getLogger(__name__)
 
 # Prompts are sorted by length (little padding) only within blocks of this many: 256 built-in prompts
 # per category. The batches of a complete block, and so its shards, stay the same when prompts are added.
 RESPONSE_BLOCK = 3072
+SHARD_SERIES = ("responses", "german", "text")  # the shard files of a work directory, in the order they load
 
 
 @dataclass
@@ -117,26 +123,29 @@ def generate_responses(
     seed: int,
     max_prompt_tokens: int,
     block: int = RESPONSE_BLOCK,
+    series: str = "responses",
 ) -> None:
     """The target's responses to prompts with its top-k distributions, one shard per batch (resumes).
 
     Every round(1 / sample_fraction)-th batch is sampled at temperature 1, the others are greedy;
     each batch reseeds torch from (seed, batch index), so a resumed run writes the same data.
-    Shards already there are checked against their batch's prompts, and kept.
+    Shards (workdir/<series>-<batch>.safetensors) already there are checked against their batch's prompts, and kept.
     """
+    if series not in SHARD_SERIES[:-1]:
+        raise ValueError(f"series must be one of {SHARD_SERIES[:-1]}, got {series!r}")
     eos = end_of_sequence_ids(hf_model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos)
     sampled_every = round(1 / sample_fraction) if sample_fraction > 0 else 0
     encoded_all = [chat_ids(tokenizer, p.text)[-max_prompt_tokens:] for p in prompts]
     batches = response_batches([len(ids) for ids in encoded_all], batch_size, block)
+    shards = [Path(workdir) / f"{series}-{b:05d}.safetensors" for b in range(len(batches))]
     todo = []
-    for b, batch in enumerate(batches):
-        shard = Path(workdir) / f"responses-{b:05d}.safetensors"
+    for b, (batch, shard) in enumerate(zip(batches, shards)):
         if shard.is_file():
             _check_shard(shard, [prompts[i].category for i in batch], [encoded_all[i] for i in batch])
         else:
             todo.append(b)
-    for b in tqdm(todo, desc="target responses", unit="batch"):
+    for b in tqdm(todo, desc=f"target responses ({series})", unit="batch"):
         batch = [prompts[i] for i in batches[b]]
         encoded = [encoded_all[i] for i in batches[b]]
         width = max(len(ids) for ids in encoded)
@@ -168,7 +177,7 @@ def generate_responses(
                     break
             n = len(response)
             rows.append((prompt.category, ids + response, len(ids) - 1, indices[i, :n], values[i, :n]))
-        _save_shard(Path(workdir) / f"responses-{b:05d}.safetensors", rows)
+        _save_shard(shards[b], rows)
 
 
 @torch.inference_mode()
@@ -196,10 +205,10 @@ def cache_text(
 
 
 def load_teacher(workdir: Path) -> TeacherData:
-    """All shards of workdir (responses first, then text), in order."""
-    files = sorted(Path(workdir).glob("responses-*.safetensors")) + sorted(Path(workdir).glob("text-*.safetensors"))
+    """All shards of workdir, series by series in SHARD_SERIES order, each in batch order."""
+    files = [file for series in SHARD_SERIES for file in sorted(Path(workdir).glob(f"{series}-*.safetensors"))]
     if not files:
-        raise FileNotFoundError(f"no teacher shards (responses-*.safetensors, text-*.safetensors) in {workdir}")
+        raise FileNotFoundError(f"no teacher shards ({', '.join(s + '-*.safetensors' for s in SHARD_SERIES)}) in {workdir}")
     data = TeacherData()
     for file in files:
         tensors = load_file(file)
