@@ -189,10 +189,7 @@ def builtin_texts(count: int, seed: int = 0, max_chars: int = 2000) -> list[str]
 
 def read_text_file(path: Path) -> list[str]:
     """User-supplied text: a .jsonl with a "text" field per line, or plain text split at blank lines."""
-    path = Path(path)
-    _refuse_evaluation_file(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"text file not found: {path}")
+    path = _training_file(path, "text")
     if path.suffix == ".jsonl":
         texts = [row["text"] for row in _jsonl(path)]
     else:
@@ -206,9 +203,14 @@ def read_text_file(path: Path) -> list[str]:
 EVALUATION_FILES = ("spec_bench_dev.jsonl",)  # evaluation only: training on them would inflate every number
 
 
-def _refuse_evaluation_file(path: Path) -> None:
+def _training_file(path: Path, kind: str) -> Path:
+    """path as a Path, refused when it is an evaluation file and when it does not exist (kind names it)."""
+    path = Path(path)
     if path.name in EVALUATION_FILES:
         raise ValueError(f"{path} is the evaluation prompt set; never train a draft on it")
+    if not path.is_file():
+        raise FileNotFoundError(f"{kind} file not found: {path}")
+    return path
 
 
 def read_german_sentences(path: Path, min_chars: int = 20, max_chars: int = 300) -> list[str]:
@@ -218,18 +220,15 @@ def read_german_sentences(path: Path, min_chars: int = 20, max_chars: int = 300)
     as Debian's `fortunes-de` ships them) or plain text with entries separated by blank lines.
     Entries shorter than min_chars or longer than max_chars are left out.
     """
-    path = Path(path)
-    _refuse_evaluation_file(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"german file not found: {path}")
+    path = _training_file(path, "german")
     lines = path.read_text(encoding="utf-8").splitlines()
     fortune = any(line.strip() == "%" for line in lines)
     entries: list[list[str]] = [[]]
-    for line in lines:
-        if (line.strip() == "%") if fortune else not line.strip():
+    for line in map(str.strip, lines):
+        if (line == "%") if fortune else not line:
             entries.append([])
-        elif not line.strip().startswith("--"):  # a fortune's author
-            entries[-1].append(line.strip())
+        elif not line.startswith("--"):  # a fortune's author
+            entries[-1].append(line)
     sentences = [" ".join(" ".join(entry).split()) for entry in entries]
     sentences = [s for s in sentences if min_chars <= len(s) <= max_chars]
     if not sentences:
@@ -250,10 +249,7 @@ def german_prompts(path: Path, count: int, seed: int = 0) -> list[TrainingPrompt
 
 def read_prompt_file(path: Path) -> list[TrainingPrompt]:
     """Prompts from a .jsonl file: one object per line with "turns" (first turn used) or "prompt", and "category"."""
-    path = Path(path)
-    _refuse_evaluation_file(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"prompt file not found: {path}")
+    path = _training_file(path, "prompt")
     prompts = []
     for number, row in enumerate(_jsonl(path), 1):
         text = row["turns"][0] if "turns" in row else row.get("prompt")
