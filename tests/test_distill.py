@@ -9,6 +9,7 @@ import shutil
 
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 from conftest import SHARED_DATA
 from tiny_hf import WORDS, save_tiny_checkpoint, tiny_llama, tiny_tokenizer
@@ -534,6 +535,34 @@ def test_distilling_an_eagle_draft_learns_from_the_targets_features(eagle_distil
     alone = generate(loaded.model, prompt, max_new_tokens=24, sampling=SamplingParams(0.0))
     result = generate(loaded.model, prompt, drafter=drafter, gamma=3, max_new_tokens=24, sampling=SamplingParams(0.0))
     assert result.token_ids == alone.token_ids and result.stats.accepted_tokens > 0
+
+
+def test_target_features_are_kept_by_token_ids_so_added_sequences_alone_are_computed(eagle_distilled, tmp_path, monkeypatch):
+    import specdecode.distill.eagle as eagle
+
+    out, _ = eagle_distilled
+    data = load_teacher(out)
+    native = native_from_hf_model(tiny_llama(suppress_eos=False), torch.float32)
+    computed: list[int] = []  # rows run through the target, per batch
+    stack = eagle.decoder_stack
+    monkeypatch.setattr(eagle, "decoder_stack", lambda layers, config, x: computed.append(len(x)) or stack(layers, config, x))
+
+    def distinct(indices) -> int:  # sequences with other token ids
+        return len({eagle.sequence_key(data.ids[i]) for i in indices})
+
+    older = list(range(len(data)))[::-1][2:]  # another order, two sequences short
+    eagle.target_features(native, data.subset(older), tmp_path)
+    assert sum(computed) == distinct(older)
+    computed.clear()
+    features = eagle.target_features(native, data, tmp_path)
+    assert 0 < sum(computed) == distinct(range(len(data))) - distinct(older)  # the two added ones only
+    expected = eagle.target_features(native, data, out)  # the distill run's, computed in other batches
+    assert all(torch.allclose(a.float(), b.float(), atol=2e-3) for a, b in zip(features, expected))
+    computed.clear()
+    eagle.target_features(native, data.subset(older), tmp_path)  # fewer sequences: read, then the file keeps only them
+    assert computed == []
+    with safe_open(tmp_path / eagle.FEATURES_FILE, "pt") as f:
+        assert set(f.keys()) == {eagle.sequence_key(data.ids[i]) for i in older}
 
 
 def test_eagle_distillation_resumes_to_the_same_draft_and_refuses_another_kinds_work(

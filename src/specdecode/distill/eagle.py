@@ -2,7 +2,7 @@
 
 The network (`specdecode.native.eagle.EagleNetwork`) predicts token j + 1 from the target's feature
 f_{j-1} and the token x_j. Training reads the target's features of every training sequence, computed
-once and kept in the work directory (features.safetensors, float16), as the target's top-k
+once per sequence and kept in the work directory (features.safetensors, float16), as the target's top-k
 distributions are. The loss is the distillation loss of the head's logits plus a smooth-L1
 regression of the network's g_j on f_j (EAGLE's feature loss), which is what lets the network
 stand in for the target's features deeper in a draft.
@@ -11,6 +11,7 @@ stand in for the target's features deeper in a draft.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import random
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,38 +28,48 @@ from specdecode.native.batched import decoder_stack
 from specdecode.native.eagle import EagleNetwork
 from specdecode.native.model import NativeTransformer
 
-__all__ = ["FEATURES_FILE", "target_features", "init_eagle", "EagleObjective"]
+__all__ = ["FEATURES_FILE", "sequence_key", "target_features", "init_eagle", "EagleObjective"]
 
 FEATURES_FILE = "features.safetensors"
+
+
+def sequence_key(ids: torch.Tensor) -> str:
+    """A sequence's key in the features file: the SHA-1 of its token ids, the only thing its features depend on."""
+    return hashlib.sha1(ids.to(torch.int64).numpy().tobytes()).hexdigest()
 
 
 @torch.no_grad()
 def target_features(target: NativeTransformer, data: TeacherData, workdir: Path, batch_tokens: int = 4096) -> list[torch.Tensor]:
     """The target's final-norm outputs f [L_i, H] (float16) of every sequence of data, cached in workdir.
 
-    Computed once (a progress bar; batches of similar length) and saved keyed by sequence index;
-    a later run reads the file when it holds every sequence.
+    The file is keyed by each sequence's token ids (`sequence_key`), so a later run reads what it holds
+    and computes only sequences it has not seen (a progress bar; batches of similar length): adding data
+    does not recompute the features of the old. It is rewritten, holding data's sequences only, when
+    anything was added or is no longer used.
     """
     path = Path(workdir) / FEATURES_FILE
+    keys = [sequence_key(ids) for ids in data.ids]
+    stored: set[str] = set()
+    features: dict[str, torch.Tensor] = {}
     if path.is_file():
         with safe_open(path, "pt") as f:
-            if set(f.keys()) == {str(i) for i in range(len(data))}:
-                features = [f.get_tensor(str(i)) for i in range(len(data))]
-                if all(len(x) == len(ids) for x, ids in zip(features, data.ids)):
-                    return features
-    features: dict[str, torch.Tensor] = {}
-    batches = make_batches([len(t) for t in data.ids], batch_tokens, random.Random(0))
-    for indices in tqdm(batches, desc="target features", unit="batch"):
+            stored = set(f.keys())
+            features = {key: f.get_tensor(key) for key in stored & set(keys)}
+    missing = sorted({key: i for i, key in enumerate(keys) if key not in features}.values())  # one index per new sequence
+    batches = make_batches([len(data.ids[i]) for i in missing], batch_tokens, random.Random(0))
+    for batch in tqdm(batches, desc="target features", unit="batch"):
+        indices = [missing[b] for b in batch]
         ids = torch.zeros(len(indices), max(len(data.ids[i]) for i in indices), dtype=torch.long)
         for row, i in enumerate(indices):
             ids[row, : len(data.ids[i])] = data.ids[i]
         out = target.norm(decoder_stack(target.layers, target.config, target.embed(ids)))  # [B, L, H]
         for row, i in enumerate(indices):
-            features[str(i)] = out[row, : len(data.ids[i])].half().contiguous()
-    tmp = path.with_suffix(".tmp")
-    save_file(features, tmp)
-    tmp.replace(path)  # never a half-written file
-    return [features[str(i)] for i in range(len(data))]
+            features[keys[i]] = out[row, : len(data.ids[i])].half().contiguous()
+    if stored != set(keys):
+        tmp = path.with_suffix(".tmp")
+        save_file(features, tmp)
+        tmp.replace(path)  # never a half-written file
+    return [features[key] for key in keys]
 
 
 def init_eagle(target: NativeTransformer, output_ids: torch.Tensor, seed: int) -> EagleNetwork:
