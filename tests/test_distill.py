@@ -465,28 +465,22 @@ def test_make_distill_runs_the_command_the_bundled_drafts_card_records():
     import shlex
     from pathlib import Path
 
+    from specdecode.cli import build_parser
     from specdecode.drafters.distilled import bundled_draft_dir
 
-    def options(command: str) -> dict[str, str]:
-        """{--flag: value, '' for a bare flag}, without --out and with the German file's name only."""
-        words = shlex.split(command)
-        words = words[words.index("distill") + 1:]
-        found: dict[str, str] = {}
-        i = 0
-        while i < len(words):
-            takes_value = i + 1 < len(words) and not words[i + 1].startswith("--")
-            found[words[i]] = words[i + 1] if takes_value else ""
-            i += 2 if takes_value else 1
-        del found["--out"]
-        found["--german-file"] = Path(found["--german-file"]).name
-        return found
+    def settings(command: str) -> dict:
+        """The command's parsed options, without --out and with the German file's name only."""
+        options = vars(build_parser().parse_args(shlex.split(command)[1:]))  # after "specdecode"
+        del options["out"]
+        options["german_file"] = Path(options["german_file"]).name
+        return options
 
     makefile = (Path(__file__).parents[1] / "Makefile").read_text().replace("\\\n", " ")  # continuation lines joined
     make_command = next(line for line in makefile.splitlines() if "specdecode distill" in line)
-    make_command = make_command.replace("$(GERMAN_FILE)", "zitate.u8")
+    make_command = make_command.replace("$(BIN)/", "").replace("$(GERMAN_FILE)", "zitate.u8")
     card = (bundled_draft_dir(DEFAULT_TARGET) / "README.md").read_text()
     card_command = next(line.strip() for line in card.splitlines() if line.strip().startswith("specdecode distill"))
-    assert options(make_command) == options(card_command)
+    assert settings(make_command) == settings(card_command)
 
 
 @pytest.mark.real_model

@@ -49,12 +49,13 @@ def target_features(target: NativeTransformer, data: TeacherData, workdir: Path,
     """
     path = Path(workdir) / FEATURES_FILE
     keys = [sequence_key(ids) for ids in data.ids]
+    wanted = set(keys)
     stored: set[str] = set()
     features: dict[str, torch.Tensor] = {}
     if path.is_file():
         with safe_open(path, "pt") as f:
             stored = set(f.keys())
-            features = {key: f.get_tensor(key) for key in stored & set(keys)}
+            features = {key: f.get_tensor(key) for key in stored & wanted}
     missing = sorted({key: i for i, key in enumerate(keys) if key not in features}.values())  # one index per new sequence
     batches = make_batches([len(data.ids[i]) for i in missing], batch_tokens, random.Random(0))
     for batch in tqdm(batches, desc="target features", unit="batch"):
@@ -65,7 +66,7 @@ def target_features(target: NativeTransformer, data: TeacherData, workdir: Path,
         out = target.norm(decoder_stack(target.layers, target.config, target.embed(ids)))  # [B, L, H]
         for row, i in enumerate(indices):
             features[keys[i]] = out[row, : len(data.ids[i])].half().contiguous()
-    if stored != set(keys):
+    if stored != wanted:
         tmp = path.with_suffix(".tmp")
         save_file(features, tmp)
         tmp.replace(path)  # never a half-written file
