@@ -11,7 +11,10 @@
    T=0 (the draft's argmax is the target's) and a lower bound of alpha at T=1 (sum of min(p, q) over the
    target's top-k), at every response position. Every position reads the target's previous feature, which is
    what an EAGLE draft reads in decoding at gamma = 1, so these are decoding's alphas at gamma = 1 on these
-   answers. The T=1 column is scored on the greedy answers too, not on sampled ones.
+   answers. The T=1 column is scored on the greedy answers too, not on sampled ones. With --depth d, every
+   position is scored as the d-th token of a draft whose d - 1 tokens before it were the answer's own (the
+   network reading its own g in place of the target's features, as in decoding at gamma >= d): the
+   acceptance rate at draft position d given that the ones before were accepted.
 
 The weights are float32 (decoding drafts on int8 where the kernel runs: alpha within 0.006, docs/distill.md).
 """
@@ -47,13 +50,15 @@ def draft_directory(name: str, target: str) -> Path:
     return Path(name)
 
 
-def score(directory: Path, data, features: list[torch.Tensor], embedding: torch.Tensor, batch_tokens: int) -> dict:
-    """evaluate() of the EAGLE draft in directory on data: {category: alpha_greedy, alpha_t1, coverage, positions}."""
+def score(directory: Path, data, features: list[torch.Tensor], embedding: torch.Tensor, batch_tokens: int,
+          depth: int = 1) -> dict:
+    """evaluate() of the EAGLE draft in directory on data at draft depth `depth`:
+    {category: alpha_greedy, alpha_t1, coverage, positions}."""
     network, output_ids, _ = load_eagle(directory)
     output_index = torch.full((embedding.shape[0],), -1, dtype=torch.long)
     output_index[output_ids] = torch.arange(output_ids.numel())
     objective = EagleObjective(network, embedding, features)
-    return evaluate(network, data, output_index, batch_tokens, objective.logits)
+    return evaluate(network, data, output_index, batch_tokens, lambda indices, ids: objective.logits(indices, ids, depth))
 
 
 def table(results: dict[str, dict]) -> str:
@@ -78,7 +83,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=48, help="prompts per generate call")
     parser.add_argument("--batch-tokens", type=int, default=4096, help="tokens per scoring batch")
+    parser.add_argument("--depth", type=int, default=1,
+                        help="score the d-th draft token, the d - 1 before it being the answer's own (default 1)")
     args = parser.parse_args(argv)
+    if args.depth < 1:
+        parser.error(f"--depth must be >= 1, got {args.depth}")
     drafts = {name: draft_directory(name, args.target) for name in args.draft or ["bundled"]}
 
     args.out.mkdir(parents=True, exist_ok=True)
@@ -95,11 +104,13 @@ def main(argv: list[str] | None = None) -> dict:
     target = native_from_hf_model(loaded.hf_model, torch.float32)
     features = target_features(target, data, args.out)
     embedding = target.embed.weight.detach()
-    results = {name: score(directory, data, features, embedding, args.batch_tokens) for name, directory in drafts.items()}
+    results = {name: score(directory, data, features, embedding, args.batch_tokens, args.depth)
+               for name, directory in drafts.items()}
     report = table(results)
-    print(f"{len(data)} answers to {args.prompts}, {data.num_positions()} positions\n\n{report}")
-    (args.out / "alpha.json").write_text(json.dumps(results, indent=2) + "\n")
-    (args.out / "alpha.md").write_text(report + "\n")
+    print(f"{len(data)} answers to {args.prompts}, {data.num_positions()} positions, draft depth {args.depth}\n\n{report}")
+    stem = "alpha" if args.depth == 1 else f"alpha-depth{args.depth}"
+    (args.out / f"{stem}.json").write_text(json.dumps(results, indent=2) + "\n")
+    (args.out / f"{stem}.md").write_text(report + "\n")
     return results
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import random
@@ -9,6 +10,7 @@ import shutil
 
 import pytest
 import torch
+import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import load_file
 from conftest import SHARED_DATA
@@ -24,7 +26,7 @@ from specdecode.distill.sources import (
 )
 from specdecode.distill.teacher import generate_responses, load_teacher, response_batches
 from specdecode.distill.recipe import init_draft
-from specdecode.distill.train import draft_logits, make_batches
+from specdecode.distill.train import distill_loss, draft_logits, make_batches
 from specdecode.drafters import LookupThenModelDrafter, ModelDrafter
 from specdecode.drafters.distilled import (
     ReducedVocabLM,
@@ -317,6 +319,10 @@ def test_model_card_names_the_categories_its_draft_was_trained_on():
         (["--german-prompts", "8"], "german_file and german_prompts go together"),
         (["--german-file", "zitate.u8"], "german_file and german_prompts go together"),
         (["--german-file", "zitate.u8", "--german-prompts", "-1"], "german_prompts must be >= 0"),
+        (["--depth", "2"], "--depth 2 trains an EAGLE draft's deeper tokens; add --eagle"),
+        (["--eagle", "--depth", "0"], "depth must be a positive integer"),
+        (["--eagle", "--deep-epochs", "1"], "deep_epochs applies to depth > 1"),
+        (["--eagle", "--depth", "2", "--epochs", "2", "--deep-epochs", "3"], "deep_epochs must be an integer in [1, epochs=2]"),
     ],
 )
 def test_cli_rejects_bad_settings(argv, message, tmp_path, capsys):
@@ -450,14 +456,14 @@ def test_bundled_name_without_a_bundled_draft_is_refused(tmp_path):
     assert make_drafter("auto", target).name.startswith("ngram")  # no bundled draft: prompt lookup
 
 
-def test_auto_is_the_bundled_draft_with_prompt_lookup_at_gamma_one_where_there_is_one():
+def test_auto_is_the_bundled_draft_with_prompt_lookup_at_gamma_two_where_there_is_one():
     from specdecode.models.loading import DEFAULT_TARGET
     from specdecode.pipeline import default_gamma, resolve_draft_name
 
     assert resolve_draft_name("auto", DEFAULT_TARGET) == "bundled+ngram"
     assert resolve_draft_name("auto", "some/other-model") == "ngram"
     assert resolve_draft_name("bundled") == "bundled"
-    assert default_gamma("auto") == 1 and default_gamma("ngram") == 4 and default_gamma("bundled") == 4
+    assert default_gamma("auto") == 2 and default_gamma("ngram") == 4 and default_gamma("bundled") == 4
 
 
 def test_make_distill_runs_the_command_the_bundled_drafts_card_records():
@@ -558,6 +564,62 @@ def test_distilling_an_eagle_draft_learns_from_the_targets_features(eagle_distil
     alone = generate(loaded.model, prompt, max_new_tokens=24, sampling=SamplingParams(0.0))
     result = generate(loaded.model, prompt, drafter=drafter, gamma=3, max_new_tokens=24, sampling=SamplingParams(0.0))
     assert result.token_ids == alone.token_ids and result.stats.accepted_tokens > 0
+
+
+def test_depth_two_trains_the_second_draft_token_on_the_networks_own_output(eagle_distilled, tiny_target, tmp_path):
+    from specdecode.distill.eagle import EagleObjective, target_features
+    from specdecode.distill.train import _batch
+    from specdecode.drafters.eagle import load_eagle
+
+    target, prompts = tiny_target
+    report = distill(str(target), tmp_path, _data(prompts), EAGLE, dataclasses.replace(EAGLE_TRAIN, depth=2), held_out=0.25)
+    assert set(report["held_out_depths"]) == {"2", "3"} and report["training"]["depth"] == 2
+    assert set(eagle_distilled[1]["held_out_depths"]) == {"2", "3"}  # reported for a depth-1 draft too
+    card = (tmp_path / "draft" / "README.md").read_text()
+    assert "at each of the first 2 draft tokens" in card and "Deeper in a draft" in card
+    assert "first 2 draft tokens" not in (eagle_distilled[0] / "draft" / "README.md").read_text()
+
+    data = load_teacher(tmp_path)  # the same data and start as eagle_distilled's: only the loss differs
+    native = native_from_hf_model(tiny_llama(suppress_eos=False), torch.float32)
+    features, embedding = target_features(native, data, tmp_path), native.embed.weight
+    deep, output_ids, _ = load_eagle(tmp_path / "draft")
+    shallow = load_eagle(eagle_distilled[0] / "draft")[0]
+    index = torch.full((64,), -1, dtype=torch.long)
+    index[output_ids] = torch.arange(len(output_ids))
+    indices = range(len(data))
+    ids, rows, positions, idx, p = _batch(data, indices, index)
+
+    def second_token_loss(network) -> float:
+        logits = EagleObjective(network, embedding, features).logits(indices, ids, depth=2)[rows, positions]
+        return float(distill_loss(logits, idx, p))
+
+    with torch.no_grad():
+        assert second_token_loss(deep) < second_token_loss(shallow) - 0.05
+        # the depth-2 loss: the mean of the first token's loss and the second's, each with its feature loss
+        objective = EagleObjective(deep, embedding, features, depth=2)
+        both = objective.loss(indices, ids, rows, positions, idx, p)
+        first = EagleObjective(deep, embedding, features).loss(indices, ids, rows, positions, idx, p)
+        g2 = deep.unrolled_features(objective._shifted(indices, ids, 1), F.embedding(ids, embedding), 2)[1][rows, positions]
+        f = objective._shifted(indices, ids, 0)[rows, positions]
+        second = distill_loss(deep.head(g2), idx, p) + F.smooth_l1_loss(g2, f)
+        torch.testing.assert_close(both, (first + second) / 2)
+
+
+def test_deep_epochs_train_the_deeper_tokens_in_the_last_epochs_only(tiny_target, tmp_path, monkeypatch):
+    from specdecode.distill.eagle import EagleObjective
+
+    assert [TrainConfig(epochs=4, depth=3, deep_epochs=1).depth_in_epoch(e) for e in range(4)] == [1, 1, 1, 3]
+    assert [TrainConfig(epochs=2, depth=2).depth_in_epoch(e) for e in range(2)] == [2, 2]
+    depths: list[int] = []  # the objective's depth at each training step
+    loss = EagleObjective.loss
+    monkeypatch.setattr(EagleObjective, "loss", lambda self, *batch: depths.append(self.depth) or loss(self, *batch))
+    target, prompts = tiny_target
+    config = dataclasses.replace(EAGLE_TRAIN, depth=2, deep_epochs=1)
+    report = distill(str(target), tmp_path, _data(prompts), EAGLE, config, held_out=0.25)
+    steps = len(depths) // EAGLE_TRAIN.epochs  # the same batches in every epoch, shuffled
+    assert depths == [1] * (len(depths) - steps) + [2] * steps and steps > 0
+    assert "first 2 draft tokens in the last 1 epochs" in (tmp_path / "draft" / "README.md").read_text()
+    assert report["training"]["deep_epochs"] == 1
 
 
 def test_target_features_are_kept_by_token_ids_so_added_sequences_alone_are_computed(eagle_distilled, tmp_path, monkeypatch):

@@ -85,11 +85,34 @@ def test_network_steps_through_its_cache_as_over_the_whole_sequence():
     network = _network()
     torch.manual_seed(2)
     previous, embedded = torch.randn(1, 7, 16), torch.randn(1, 7, 16)
-    whole = network.sequence_features(previous, embedded)[0]  # [7, H]
+    whole = network.unrolled_features(previous, embedded, 1)[0][0]  # [7, H]
     cache = network.new_cache(32)
     with torch.inference_mode():
         pieces = [network.step(previous[0, a:b], embedded[0, a:b], a, cache) for a, b in ((0, 3), (3, 4), (4, 7))]
     torch.testing.assert_close(torch.cat(pieces), whole, rtol=1e-4, atol=1e-5)
+
+
+def test_unrolled_features_are_what_the_network_computes_steps_into_a_draft():
+    """Depth d at position j: catch up on the target's features to j - d + 1, then d - 1 steps on its own g."""
+    network = _network()
+    torch.manual_seed(3)
+    length = 9
+    previous, embedded = torch.randn(1, length, 16), torch.randn(1, length, 16)  # previous: f shifted by one
+    unrolled = network.unrolled_features(previous, embedded, 3)
+    with torch.inference_mode():
+        for depth in (1, 2, 3):
+            for j in range(depth - 1, length):
+                cache = network.new_cache(32)
+                known = j - depth + 2  # positions 0 .. j - depth + 1 come from the target's features
+                g = network.step(previous[0, :known], embedded[0, :known], 0, cache)[-1:]
+                for position in range(known, j + 1):
+                    g = network.step(g, embedded[0, position : position + 1], position, cache)
+                torch.testing.assert_close(g[0], unrolled[depth - 1][0, j], rtol=1e-4, atol=1e-5)
+
+
+def test_unrolled_depth_must_be_a_positive_integer():
+    with pytest.raises(ValueError, match="depth must be a positive integer"):
+        _network().unrolled_features(torch.zeros(1, 2, 16), torch.zeros(1, 2, 16), 0)
 
 
 def test_greedy_with_an_eagle_draft_equals_the_target_alone():

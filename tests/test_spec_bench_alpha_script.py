@@ -61,5 +61,10 @@ def test_alpha_per_category_equals_greedy_decoding_at_gamma_one(eagle_distilled,
         evaluated += result.stats.accepted_tokens + result.stats.rejections
     assert accepted / evaluated == pytest.approx(results["all"]["alpha_greedy"], abs=0.1)
 
+    # --depth 2 scores the second draft token (what the network computes there: test_eagle's unrolled-features test)
+    second = _script().main([*argv, "--depth", "2"])[str(draft)]["all"]
+    assert "draft depth 2" in capsys.readouterr().out and (out / "alpha-depth2.md").is_file()
+    assert second["positions"] == results["all"]["positions"] and second["alpha_t1"] != results["all"]["alpha_t1"]
+
     with pytest.raises(SystemExit, match="other settings"):
         _script().main([*argv[:-1], "8"])

@@ -40,7 +40,7 @@ Never the evaluation prompts (`spec_bench_dev.jsonl`). {report['train_sequences'
 ({report['train_positions']:,} scored positions), {report['held_out_sequences']} held out. Seed {data['seed']}.
 
 ## Training
-Forward KL to the target's top-k distribution (restricted to the head's vocabulary){_feature_loss(arch)}, AdamW lr {training['lr']},
+Forward KL to the target's top-k distribution (restricted to the head's vocabulary){_feature_loss(arch, training)}, AdamW lr {training['lr']},
 {training['epochs']} epochs of {training['batch_tokens']}-token batches, warm-up {training['warmup_steps']} steps then cosine decay.
 {_timing(report)}
 
@@ -53,7 +53,17 @@ sum min(p, q) over the target's top-{data['top_k']} tokens (a lower bound); cove
 | category | alpha greedy | alpha T=1 | coverage | positions |
 |---|---|---|---|---|
 {rows}
-{_fit(report)}"""
+{_deeper(report)}{_fit(report)}"""
+
+
+def _deeper(report: dict) -> str:
+    """An EAGLE draft's held-out alpha at its second and third draft token (reports from before have none)."""
+    deeper = report.get("held_out_depths")
+    if not deeper:
+        return ""
+    cells = "; ".join(f"token {d}: {m['alpha_greedy']:.3f} / {m['alpha_t1']:.3f}" for d, m in sorted(deeper.items()))
+    return (f"\nDeeper in a draft (all held-out positions, the draft tokens before them accepted; greedy / T=1): {cells}.\n"
+            f"The first draft token reads the target's feature, later ones the network's own prediction of it.\n")
 
 
 def _fit(report: dict) -> str:
@@ -98,8 +108,14 @@ def _architecture(arch: dict, parameters: int, vocab) -> str:
             f"Initialised from the target's token embeddings (PCA to the draft's width): {arch['init_from_target']}.")
 
 
-def _feature_loss(arch: dict) -> str:
-    return " plus a smooth-L1 loss of the predicted feature against the target's" if arch.get("eagle") else ""
+def _feature_loss(arch: dict, training: dict) -> str:
+    if not arch.get("eagle"):
+        return ""
+    depth, deep_epochs = training.get("depth", 1), training.get("deep_epochs")
+    when = f" in the last {deep_epochs} epochs" if deep_epochs and deep_epochs < training["epochs"] else ""
+    deeper = (f", at each of the first {depth} draft tokens{when} (each later one reading the network's own output, as "
+              f"in decoding)" if depth > 1 else "")
+    return " plus a smooth-L1 loss of the predicted feature against the target's" + deeper
 
 
 def _timing(report: dict) -> str:

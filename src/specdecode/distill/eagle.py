@@ -92,15 +92,20 @@ class EagleObjective:
     """The network's logits and loss on sequences of one data set, reading their features and the target's embedding.
 
     embedding: the target's token embedding table [V, H]; features: f [L_i, H] of each sequence, aligned
-    with the data set whose indices the methods take.
+    with the data set whose indices the methods take. depth: the draft depths the loss trains (1: the first
+    draft token only; d > 1 also the next d - 1, each reading the network's own previous g as decoding does,
+    `EagleNetwork.unrolled_features`), weighted equally.
     """
 
     def __init__(self, network: EagleNetwork, embedding: torch.Tensor, features: Sequence[torch.Tensor],
-                 feature_weight: float = 1.0) -> None:
+                 feature_weight: float = 1.0, depth: int = 1) -> None:
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+            raise ValueError(f"depth must be a positive integer, got {depth!r}")
         self.network = network
         self.embedding = embedding
         self.features = features
         self.feature_weight = feature_weight
+        self.depth = depth
 
     def _shifted(self, indices: Sequence[int], ids: torch.Tensor, shift: int) -> torch.Tensor:
         """[B, L, H]: f_{j - shift} of the sequences at each position j (zero before the start and in the padding)."""
@@ -110,16 +115,21 @@ class EagleObjective:
             out[row, shift : len(f)] = f[: len(f) - shift]
         return out
 
-    def _g(self, indices: Sequence[int], ids: torch.Tensor) -> torch.Tensor:  # [B, L, H]
-        return self.network.sequence_features(self._shifted(indices, ids, 1), F.embedding(ids, self.embedding))
+    def _g(self, indices: Sequence[int], ids: torch.Tensor, depth: int) -> list[torch.Tensor]:  # depth x [B, L, H]
+        return self.network.unrolled_features(self._shifted(indices, ids, 1), F.embedding(ids, self.embedding), depth)
 
-    def logits(self, indices: Sequence[int], ids: torch.Tensor) -> torch.Tensor:
-        """[B, L, K]: teacher forced, every position reading the target's previous feature."""
-        return self.network.head(self._g(indices, ids))
+    def logits(self, indices: Sequence[int], ids: torch.Tensor, depth: int = 1) -> torch.Tensor:
+        """[B, L, K]: teacher forced; at depth 1 every position reads the target's previous feature, at depth d
+        it is the d-th draft token's logits after d - 1 draft tokens that were the sequence's own."""
+        return self.network.head(self._g(indices, ids, depth)[-1])
 
     def loss(self, indices: Sequence[int], ids: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor,
              idx: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-        """Distillation loss of the head plus feature_weight x smooth-L1 of g_j against f_j (at the scored positions)."""
-        g = self._g(indices, ids)[rows, positions]  # [n, H]
-        f = self._shifted(indices, ids, 0)[rows, positions]
-        return distill_loss(self.network.head(g), idx, p) + self.feature_weight * F.smooth_l1_loss(g, f)
+        """Mean over the trained depths of the head's distillation loss plus feature_weight x smooth-L1 of g_j
+        against f_j (at the scored positions)."""
+        f = self._shifted(indices, ids, 0)[rows, positions]  # [n, H]
+        total = torch.zeros(())
+        for g_all in self._g(indices, ids, self.depth):
+            g = g_all[rows, positions]  # [n, H]
+            total = total + distill_loss(self.network.head(g), idx, p) + self.feature_weight * F.smooth_l1_loss(g, f)
+        return total / self.depth

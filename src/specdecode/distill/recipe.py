@@ -180,8 +180,9 @@ def weight_count(model: torch.nn.Module) -> int:
 
 def _start_eagle(loaded, out: Path, data: TeacherData, train_indices: list[int],
                  choose_output: Callable[[], torch.Tensor], seed: int):
-    """An EAGLE network (from out/init.pt when resuming), its output_ids, the training loss, and logits_on:
-    logits_on(indices into data) gives the logits_fn `evaluate` takes for data.subset(indices).
+    """An EAGLE network (from out/init.pt when resuming), its output_ids, the training objective (its depth set per
+    epoch by the caller), and logits_on: logits_on(indices into data, d) gives the logits_fn `evaluate` takes for
+    data.subset(indices) at draft depth d.
 
     choose_output() gives the head's token ids of a fresh start; a resumed one reads them from init.pt.
 
@@ -204,10 +205,11 @@ def _start_eagle(loaded, out: Path, data: TeacherData, train_indices: list[int],
     embedding = target.embed.weight.detach()
     training = EagleObjective(network, embedding, [features[i] for i in train_indices])
 
-    def logits_on(indices: Sequence[int]):
-        return EagleObjective(network, embedding, [features[i] for i in indices]).logits
+    def logits_on(indices: Sequence[int], at_depth: int = 1):
+        objective = EagleObjective(network, embedding, [features[i] for i in indices])
+        return lambda batch, ids: objective.logits(batch, ids, at_depth)
 
-    return network, output_ids, training.loss, logits_on
+    return network, output_ids, training, logits_on
 
 
 def distill(
@@ -224,6 +226,8 @@ def distill(
 
     if not 0 < held_out < 1:
         raise ValueError(f"held_out must be in (0, 1), got {held_out}")
+    if train_config.depth > 1 and not architecture.eagle:
+        raise ValueError(f"depth={train_config.depth} trains an EAGLE draft's deeper positions; it needs eagle=True")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
@@ -242,13 +246,17 @@ def distill(
     train_data = data.subset(train_indices)
     eos = sorted(end_of_sequence_ids(loaded.hf_model, tokenizer))
     init_path = out / "init.pt"
-    train_loss = logits_on = None  # a transformer draft reads token ids only
+    train_loss = logits_on = on_epoch = None  # a transformer draft reads token ids only
     features_started = time.perf_counter()
     if architecture.eagle:
-        model, output_ids, train_loss, logits_on = _start_eagle(
+        model, output_ids, objective, logits_on = _start_eagle(
             loaded, out, data, train_indices,
             lambda: choose_output_ids(train_data, architecture.output_vocab, vocab_size, eos), train_config.seed,
         )
+        train_loss = objective.loss
+
+        def on_epoch(epoch: int) -> None:
+            objective.depth = train_config.depth_in_epoch(epoch)
         features_seconds = time.perf_counter() - features_started  # mostly the target's features
     elif init_path.is_file():  # resuming: the same start, whatever the RNG did since
         init = torch.load(init_path, weights_only=True)
@@ -273,7 +281,7 @@ def distill(
     output_index = torch.full((vocab_size,), -1, dtype=torch.long)
     output_index[output_ids] = torch.arange(output_ids.numel())
     train_started = time.perf_counter()
-    train(model, train_data, output_index, train_config, out, loss_fn=train_loss)
+    train(model, train_data, output_index, train_config, out, loss_fn=train_loss, on_epoch=on_epoch)
     # as many training sequences as held out: how far the held-out alpha is from what training fits
     sample = sorted(random.Random(data_config.seed).sample(train_indices, min(len(held), len(train_indices))))
 
@@ -298,6 +306,11 @@ def distill(
     }
     if architecture.eagle:
         report["features_seconds"] = round(features_seconds, 1)
+        # alpha at the second and third draft token, the tokens before them the sequence's own (evaluate's all)
+        report["held_out_depths"] = {
+            str(d): evaluate(model, data.subset(held), output_index, train_config.batch_tokens, logits_on(held, d))["all"]
+            for d in (2, 3)
+        }
     save = save_eagle if architecture.eagle else save_draft
     save(out / "draft", model, output_ids, target, tokenizer, report)
     (out / "draft" / "README.md").write_text(model_card(report))

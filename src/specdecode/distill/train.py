@@ -39,14 +39,26 @@ class TrainConfig:
     weight_decay: float = 0.01
     checkpoint_every: int = 100
     seed: int = 0
+    depth: int = 1  # EAGLE drafts: the draft depths the loss trains (distill.eagle.EagleObjective)
+    deep_epochs: int | None = None  # with depth > 1: the last deep_epochs epochs train them (None: every epoch), the rest depth 1
 
     def __post_init__(self) -> None:
-        for name in ("epochs", "batch_tokens", "checkpoint_every"):
+        for name in ("epochs", "batch_tokens", "checkpoint_every", "depth"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise ValueError(f"lr must be a positive number, got {self.lr!r}")
+        if self.deep_epochs is not None:
+            if self.depth == 1:
+                raise ValueError("deep_epochs applies to depth > 1")
+            if isinstance(self.deep_epochs, bool) or not isinstance(self.deep_epochs, int) or not 1 <= self.deep_epochs <= self.epochs:
+                raise ValueError(f"deep_epochs must be an integer in [1, epochs={self.epochs}], got {self.deep_epochs!r}")
+
+    def depth_in_epoch(self, epoch: int) -> int:
+        """The draft depths trained in epoch (from 0): depth in the last deep_epochs epochs, else 1."""
+        deep = self.epochs if self.deep_epochs is None else self.deep_epochs
+        return self.depth if epoch >= self.epochs - deep else 1
 
 
 def draft_logits(model: NativeTransformer, ids: torch.Tensor) -> torch.Tensor:
@@ -155,11 +167,13 @@ def train(
     config: TrainConfig,
     workdir: Path,
     loss_fn: Callable[..., torch.Tensor] | None = None,
+    on_epoch: Callable[[int], None] | None = None,
 ) -> torch.nn.Module:
     """Distil into model's parameters (in place), checkpointing to workdir/checkpoint.pt and resuming from it.
 
     loss_fn(indices, ids [B, L], rows [n], positions [n], idx [n, k], p [n, k]) -> loss stands in for the
     distillation loss of draft_logits, for a draft that reads more than the token ids of train_data[indices].
+    on_epoch(epoch) is called as each epoch starts (from 0; on resuming, for the epoch it resumes in too).
     """
     torch.manual_seed(config.seed)
     model.train().requires_grad_(True)
@@ -176,6 +190,8 @@ def train(
     progress = tqdm(total=total, initial=step, desc="distilling", unit="step")
     done = 0
     for epoch, batches in enumerate(epochs):
+        if on_epoch is not None and done + len(batches) > step:  # an epoch with steps left to run
+            on_epoch(epoch)
         for indices in batches:
             if done < step:  # finished before the checkpoint we resumed from
                 done += 1

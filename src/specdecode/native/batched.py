@@ -14,22 +14,38 @@ from specdecode.native.config import NativeConfig
 from specdecode.native.model import DecoderLayer
 from specdecode.native.rope import rope_tables
 
-__all__ = ["decoder_stack"]
+__all__ = ["decoder_stack", "rope_for", "attention_inputs", "attention_then_mlp"]
+
+
+def rope_for(config: NativeConfig, length: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [L, 1, D] of positions 0..L-1 (sin with the sign of rotate_half)."""
+    cos, sin = rope_tables(config, length)  # [L, D] float32
+    return cos[:, None].to(dtype), sin[:, None].to(dtype)
+
+
+def attention_inputs(layer: DecoderLayer, config: NativeConfig, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """q [B, H, L, D], k and v [B, KV, L, D] of x [B, L, hidden], RoPE applied to q and k."""
+    b, length, _ = x.shape
+    h, kv, d = config.num_heads, config.num_kv_heads, config.head_dim
+    qkv = layer.qkv(layer.attn_norm(x)).view(b, length, h + 2 * kv, d)
+    qk = qkv[:, :, : h + kv]
+    qk = qk * cos + qk.roll(d // 2, dims=-1) * sin
+    return tuple(t.transpose(1, 2) for t in (qk[:, :, :h], qk[:, :, h:], qkv[:, :, h + kv :]))
+
+
+def attention_then_mlp(layer: DecoderLayer, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+    """The rest of the layer: x [B, L, hidden] + o(attended [B, H, L, D]), then + the MLP of that."""
+    b, length, _ = x.shape
+    x = x + layer.o(attended.transpose(1, 2).reshape(b, length, -1))
+    gate, up = layer.gate_up(layer.mlp_norm(x)).chunk(2, dim=-1)
+    return x + layer.down(F.silu(gate) * up)
 
 
 def decoder_stack(layers: Iterable[DecoderLayer], config: NativeConfig, x: torch.Tensor) -> torch.Tensor:
     """x [B, L, hidden] (positions 0..L-1) through decoder `layers` with causal attention, with autograd."""
-    b, length, _ = x.shape
-    h, kv, d = config.num_heads, config.num_kv_heads, config.head_dim
-    cos, sin = rope_tables(config, length)  # [L, D] float32, sin with the sign of rotate_half
-    cos, sin = cos[:, None].to(x.dtype), sin[:, None].to(x.dtype)  # [L, 1, D]
+    cos, sin = rope_for(config, x.shape[1], x.dtype)
     for layer in layers:
-        qkv = layer.qkv(layer.attn_norm(x)).view(b, length, h + 2 * kv, d)
-        qk = qkv[:, :, : h + kv]
-        qk = qk * cos + qk.roll(d // 2, dims=-1) * sin
-        q, k, v = (t.transpose(1, 2) for t in (qk[:, :, :h], qk[:, :, h:], qkv[:, :, h + kv :]))  # [B, heads, L, D]
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=h != kv)  # [B, H, L, D]
-        x = x + layer.o(out.transpose(1, 2).reshape(b, length, h * d))
-        gate, up = layer.gate_up(layer.mlp_norm(x)).chunk(2, dim=-1)
-        x = x + layer.down(F.silu(gate) * up)
+        q, k, v = attention_inputs(layer, config, x, cos, sin)
+        attended = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=config.num_heads != config.num_kv_heads)
+        x = attention_then_mlp(layer, x, attended)
     return x

@@ -18,12 +18,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdecode.native.batched import decoder_stack
+from specdecode.native.batched import attention_inputs, attention_then_mlp, rope_for
 from specdecode.native.config import NativeConfig
 from specdecode.native.model import DecoderLayer, KVCache, RMSNorm, attention_mask
 from specdecode.native.rope import rope_tables
 
-__all__ = ["EagleNetwork"]
+__all__ = ["EagleNetwork", "unrolled_mask"]
 
 
 class EagleNetwork(nn.Module):
@@ -77,9 +77,40 @@ class EagleNetwork(nn.Module):
     def _input(self, previous: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:  # [..., H] x2 -> [..., H]
         return self.fc(torch.cat([self.feature_norm(previous), self.embed_norm(embedded)], dim=-1))
 
-    def sequence_features(self, previous: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:
-        """g [B, L, H] for whole sequences from position 0 (training): previous [B, L, H] = f shifted by one."""
-        return decoder_stack([self.layer], self.config, self._input(previous, embedded))
+    def unrolled_features(self, previous: torch.Tensor, embedded: torch.Tensor, depth: int) -> list[torch.Tensor]:
+        """g of draft depths 1 .. depth [B, L, H] each, for whole sequences from position 0 (training).
+
+        previous [B, L, H]: the target's features shifted by one (f_{j-1} at j, zero at 0); embedded [B, L, H].
+        At depth 1 every position reads the target's feature, with causal attention. At depth d the network at position j reads its own depth d - 1
+        output at j - 1 in place of the target's feature, and attends as it does d - 1 steps into a draft:
+        to the depth-1 keys (computed from the target's features) up to position j - d + 1, and to the depth-e
+        key at position j - (d - e) for e = 2 .. d (`unrolled_mask`). So its logits at j are those of the
+        d-th draft token when the tokens before it were the sequence's own (HASS, Zhang et al. 2024).
+        """
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+            raise ValueError(f"depth must be a positive integer, got {depth!r}")
+        layer, config = self.layer, self.config
+        length = embedded.shape[1]
+        cos, sin = rope_for(config, length, embedded.dtype)  # [L, 1, D]
+        keys: list[torch.Tensor] = []
+        values: list[torch.Tensor] = []
+        outputs: list[torch.Tensor] = []
+        for level in range(1, depth + 1):
+            x = self._input(previous, embedded)  # [B, L, H]
+            q, k, v = attention_inputs(layer, config, x, cos, sin)  # [B, heads, L, D]
+            keys.append(k)
+            values.append(v)
+            gqa = config.num_heads != config.num_kv_heads
+            if level == 1:  # causal over the keys made from the target's features
+                attended = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+            else:
+                mask = unrolled_mask(length, level, x.device)  # [L, level * L]
+                attended = F.scaled_dot_product_attention(q, torch.cat(keys, dim=2), torch.cat(values, dim=2),
+                                                          attn_mask=mask, enable_gqa=gqa)
+            x = attention_then_mlp(layer, x, attended)
+            outputs.append(x)
+            previous = F.pad(x[:, :-1], (0, 0, 1, 0))  # g at j - 1 read at j; zero at position 0
+        return outputs
 
     def new_cache(self, max_len: int) -> KVCache:
         """The layer's KV cache for positions [0, max_len), with RoPE tables to match."""
@@ -103,3 +134,15 @@ class EagleNetwork(nn.Module):
         x = self._input(previous.to(self.dtype), embedded.to(self.dtype))
         cos, sin = self.rope_cos[start:end], self.rope_sin[start:end]
         return self.layer(x, cos, sin, positions, cache.k[0], cache.v[0], end, mask)
+
+
+def unrolled_mask(length: int, depth: int, device=None) -> torch.Tensor:
+    """[L, depth * L] bool, True = attend: what a depth-`depth` query at position j sees of the keys of depths 1 .. depth.
+
+    Columns e * L + m hold depth e + 1's key at position m. Depth 1's keys up to j - depth + 1 are in the cache
+    from the target's features; depth e >= 2 wrote only position j - (depth - e) on the way to this one.
+    """
+    j = torch.arange(length, device=device)[:, None]  # [L, 1]
+    m = torch.arange(length, device=device)[None, :]  # [1, L]
+    blocks = [m <= j - depth + 1] + [m == j - (depth - e) for e in range(2, depth + 1)]
+    return torch.cat(blocks, dim=1)
