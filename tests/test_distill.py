@@ -152,12 +152,16 @@ def _distill_interrupted_at_step_five(monkeypatch, *args, **kwargs) -> None:
     monkeypatch.setattr(torch.optim.AdamW, "step", original)
 
 
-def test_resume_after_interruption_gives_the_same_draft(distilled, tiny_target, tmp_path, monkeypatch):
+def test_resume_after_interruption_gives_the_same_draft_from_an_older_versions_checkpoint_too(distilled, tiny_target, tmp_path, monkeypatch):
     target, prompts = tiny_target
     reference = load_draft_transformer(distilled[0] / "draft")[0].state_dict()
     train = TrainConfig(epochs=4, batch_tokens=256, checkpoint_every=3, lr=1e-2, warmup_steps=2)
     _distill_interrupted_at_step_five(monkeypatch, str(target), tmp_path, _data(prompts), ARCH, train, held_out=0.25)
     assert (tmp_path / "checkpoint.pt").is_file() and not (tmp_path / "draft").exists()
+    state = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    for name in ("depth", "deep_epochs"):  # as an older specdecode wrote it, before these settings existed
+        del state["config"][name]
+    torch.save(state, tmp_path / "checkpoint.pt")
     distill(str(target), tmp_path, _data(prompts), ARCH, train, held_out=0.25)
     resumed = load_draft_transformer(tmp_path / "draft")[0].state_dict()
     for name, tensor in reference.items():

@@ -230,7 +230,8 @@ def _resume(model: NativeTransformer, optimizer, workdir: Path, config: TrainCon
     if not path.is_file():
         return 0
     state = torch.load(path, weights_only=True)
-    if state["config"] != asdict(config):
+    saved = {**asdict(TrainConfig()), **state["config"]}  # settings added since it was written take their defaults
+    if saved != asdict(config):
         raise ValueError(f"{path} was written with other training settings; delete it or use another --out")
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
