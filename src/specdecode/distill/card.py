@@ -112,7 +112,9 @@ def _feature_loss(arch: dict, training: dict) -> str:
     if not arch.get("eagle"):
         return ""
     depth, deep_epochs = training.get("depth", 1), training.get("deep_epochs")
-    when = f" in the last {deep_epochs} epochs" if deep_epochs and deep_epochs < training["epochs"] else ""
+    when = ""
+    if deep_epochs and deep_epochs < training["epochs"]:
+        when = " in the last epoch" if deep_epochs == 1 else f" in the last {deep_epochs} epochs"
     deeper = (f", at each of the first {depth} draft tokens{when} (each later one reading the network's own output, as "
               f"in decoding)" if depth > 1 else "")
     return " plus a smooth-L1 loss of the predicted feature against the target's" + deeper
