@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -58,7 +59,7 @@ def score(directory: Path, data, features: list[torch.Tensor], embedding: torch.
     output_index = torch.full((embedding.shape[0],), -1, dtype=torch.long)
     output_index[output_ids] = torch.arange(output_ids.numel())
     objective = EagleObjective(network, embedding, features)
-    return evaluate(network, data, output_index, batch_tokens, lambda indices, ids: objective.logits(indices, ids, depth))
+    return evaluate(network, data, output_index, batch_tokens, partial(objective.logits, depth=depth))
 
 
 def table(results: dict[str, dict]) -> str:

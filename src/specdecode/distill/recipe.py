@@ -17,6 +17,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -205,9 +206,8 @@ def _start_eagle(loaded, out: Path, data: TeacherData, train_indices: list[int],
     embedding = target.embed.weight.detach()
     training = EagleObjective(network, embedding, [features[i] for i in train_indices])
 
-    def logits_on(indices: Sequence[int], at_depth: int = 1):
-        objective = EagleObjective(network, embedding, [features[i] for i in indices])
-        return lambda batch, ids: objective.logits(batch, ids, at_depth)
+    def logits_on(indices: Sequence[int], depth: int = 1):
+        return partial(EagleObjective(network, embedding, [features[i] for i in indices]).logits, depth=depth)
 
     return network, output_ids, training, logits_on
 
@@ -285,8 +285,8 @@ def distill(
     # as many training sequences as held out: how far the held-out alpha is from what training fits
     sample = sorted(random.Random(data_config.seed).sample(train_indices, min(len(held), len(train_indices))))
 
-    def score(indices: list[int]) -> dict:
-        logits_fn = None if logits_on is None else logits_on(indices)
+    def score(indices: list[int], depth: int = 1) -> dict:
+        logits_fn = None if logits_on is None else logits_on(indices, depth)
         return evaluate(model, data.subset(indices), output_index, train_config.batch_tokens, logits_fn)
 
     report = {
@@ -307,10 +307,7 @@ def distill(
     if architecture.eagle:
         report["features_seconds"] = round(features_seconds, 1)
         # alpha at the second and third draft token, the tokens before them the sequence's own (evaluate's all)
-        report["held_out_depths"] = {
-            str(d): evaluate(model, data.subset(held), output_index, train_config.batch_tokens, logits_on(held, d))["all"]
-            for d in (2, 3)
-        }
+        report["held_out_depths"] = {str(d): score(held, d)["all"] for d in (2, 3)}
     save = save_eagle if architecture.eagle else save_draft
     save(out / "draft", model, output_ids, target, tokenizer, report)
     (out / "draft" / "README.md").write_text(model_card(report))

@@ -12,15 +12,9 @@ import torch.nn.functional as F
 
 from specdecode.native.config import NativeConfig
 from specdecode.native.model import DecoderLayer
-from specdecode.native.rope import rope_tables
+from specdecode.native.rope import rope_for
 
-__all__ = ["decoder_stack", "rope_for", "attention_inputs", "attention_then_mlp"]
-
-
-def rope_for(config: NativeConfig, length: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [L, 1, D] of positions 0..L-1 (sin with the sign of rotate_half)."""
-    cos, sin = rope_tables(config, length)  # [L, D] float32
-    return cos[:, None].to(dtype), sin[:, None].to(dtype)
+__all__ = ["decoder_stack", "attention_inputs", "attention_then_mlp"]
 
 
 def attention_inputs(layer: DecoderLayer, config: NativeConfig, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):

@@ -18,10 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdecode.native.batched import attention_inputs, attention_then_mlp, rope_for
+from specdecode.native.batched import attention_inputs, attention_then_mlp
 from specdecode.native.config import NativeConfig
 from specdecode.native.model import DecoderLayer, KVCache, RMSNorm, attention_mask
-from specdecode.native.rope import rope_tables
+from specdecode.native.rope import rope_for
 
 __all__ = ["EagleNetwork", "unrolled_mask"]
 
@@ -81,17 +81,19 @@ class EagleNetwork(nn.Module):
         """g of draft depths 1 .. depth [B, L, H] each, for whole sequences from position 0 (training).
 
         previous [B, L, H]: the target's features shifted by one (f_{j-1} at j, zero at 0); embedded [B, L, H].
-        At depth 1 every position reads the target's feature, with causal attention. At depth d the network at position j reads its own depth d - 1
-        output at j - 1 in place of the target's feature, and attends as it does d - 1 steps into a draft:
-        to the depth-1 keys (computed from the target's features) up to position j - d + 1, and to the depth-e
-        key at position j - (d - e) for e = 2 .. d (`unrolled_mask`). So its logits at j are those of the
-        d-th draft token when the tokens before it were the sequence's own (HASS, Zhang et al. 2024).
+        At depth 1 every position reads the target's feature, with causal attention. At depth d the network at
+        position j reads its own depth d - 1 output at j - 1 in place of the target's feature, and attends as it
+        does d - 1 steps into a draft: to the depth-1 keys (computed from the target's features) up to position
+        j - d + 1, and to the depth-e key at position j - (d - e) for e = 2 .. d (`unrolled_mask`). So its logits
+        at j are those of the d-th draft token when the tokens before it were the sequence's own (HASS, Zhang et
+        al. 2024).
         """
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
             raise ValueError(f"depth must be a positive integer, got {depth!r}")
         layer, config = self.layer, self.config
         length = embedded.shape[1]
         cos, sin = rope_for(config, length, embedded.dtype)  # [L, 1, D]
+        gqa = config.num_heads != config.num_kv_heads
         keys: list[torch.Tensor] = []
         values: list[torch.Tensor] = []
         outputs: list[torch.Tensor] = []
@@ -100,7 +102,6 @@ class EagleNetwork(nn.Module):
             q, k, v = attention_inputs(layer, config, x, cos, sin)  # [B, heads, L, D]
             keys.append(k)
             values.append(v)
-            gqa = config.num_heads != config.num_kv_heads
             if level == 1:  # causal over the keys made from the target's features
                 attended = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
             else:
@@ -115,9 +116,8 @@ class EagleNetwork(nn.Module):
     def new_cache(self, max_len: int) -> KVCache:
         """The layer's KV cache for positions [0, max_len), with RoPE tables to match."""
         if self.rope_cos.shape[0] < max_len:
-            cos, sin = rope_tables(self.config, max_len)  # [max_len, D] float32
-            self.rope_cos = cos[:, None].to(self.dtype).to(self.head_weight.device)  # [max_len, 1, D]
-            self.rope_sin = sin[:, None].to(self.dtype).to(self.head_weight.device)
+            cos, sin = rope_for(self.config, max_len, self.dtype)  # [max_len, 1, D]
+            self.rope_cos, self.rope_sin = cos.to(self.head_weight.device), sin.to(self.head_weight.device)
         return KVCache(self.config, max_len, self.dtype, self.head_weight.device)
 
     def step(self, previous: torch.Tensor, embedded: torch.Tensor, start: int, cache: KVCache) -> torch.Tensor:

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdecode.native.config import NativeConfig
-from specdecode.native.rope import rope_tables
+from specdecode.native.rope import rope_for
 
 __all__ = ["KVCache", "NativeTransformer", "DecoderLayer", "attention_mask"]
 
@@ -177,9 +177,8 @@ class NativeTransformer(nn.Module):
         if max_len > self.config.max_position_embeddings:
             raise ValueError(f"max_len {max_len} exceeds max_position_embeddings {self.config.max_position_embeddings}")
         if self.rope_cos.shape[0] < max_len:
-            cos, sin = rope_tables(self.config, max_len)  # [max_len, D] float32
-            self.rope_cos = cos[:, None].to(self.dtype).to(self.device)  # [max_len, 1, D]
-            self.rope_sin = sin[:, None].to(self.dtype).to(self.device)
+            cos, sin = rope_for(self.config, max_len, self.dtype)  # [max_len, 1, D]
+            self.rope_cos, self.rope_sin = cos.to(self.device), sin.to(self.device)
         return KVCache(self.config, max_len, self.dtype, self.device)
 
     def forward(

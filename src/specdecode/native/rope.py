@@ -12,7 +12,7 @@ import torch
 
 from specdecode.native.config import NativeConfig
 
-__all__ = ["inverse_frequencies", "rope_tables"]
+__all__ = ["inverse_frequencies", "rope_tables", "rope_for"]
 
 
 def _base_inv_freq(theta: float, dim: int) -> torch.Tensor:
@@ -98,3 +98,9 @@ def rope_tables(config: NativeConfig, length: int) -> tuple[torch.Tensor, torch.
     half = config.head_dim // 2
     sin_signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
     return cos, sin_signed
+
+
+def rope_for(config: NativeConfig, length: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [L, 1, D] of positions 0..L-1 in dtype, broadcast over heads (sin with the sign of rotate_half)."""
+    cos, sin = rope_tables(config, length)  # [L, D] float32
+    return cos[:, None].to(dtype), sin[:, None].to(dtype)
