@@ -24,6 +24,7 @@ from specdecode.core.theory import expected_tokens_per_call, walltime_improvemen
 from specdecode.decoding import generate
 from specdecode.drafters import PromptLookupDrafter, UnigramDrafter
 from specdecode.native.fast import packing_available
+from specdecode.pipeline import DEFAULT_MIN_CONFIDENCE
 
 # --------------------------------------------------------------------------- statistics
 
@@ -384,6 +385,8 @@ def test_peers_that_cannot_run_are_listed(tiny, tmp_path, capsys):
     assert results["config"]["packing"] == "none" and results["target_packing"] == "none"
     assert results["target_layout"] is None  # asked for, not timed
     assert "linear layers `none`" in (out / "report.md").read_text()
+    assert results["config"]["min_confidence"] == DEFAULT_MIN_CONFIDENCE  # the default: generate's
+    assert f"its q gave less than {DEFAULT_MIN_CONFIDENCE:g}" in (out / "report.md").read_text()
     (unavailable,) = results["unavailable"]
     assert unavailable["method"] == "HF assisted generation"
     assert unavailable["reason"].startswith("not applicable: no model draft")
@@ -444,6 +447,7 @@ def test_theory_prints_table_1(capsys):
     [
         (["--gammas", "0"], "gammas"),
         (["--gammas", "a,b"], "--gammas"),
+        (["--min-confidence", "1.5"], "min_confidence"),
         (["--temperatures=-1"], "temperatures"),
         (["--max-new-tokens", "0"], "max_new_tokens"),
         (["--per-category", "0"], "per_category"),

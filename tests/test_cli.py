@@ -132,9 +132,10 @@ def test_packing_keeps_the_greedy_tokens(capsys, models, dirs, packing):
     assert record["token_ids"] == _expected_ids(models["target"], PROMPT)
 
 
-@pytest.mark.parametrize(("draft", "gamma", "rows"), [("none", 3, 1), (None, 3, 4), (None, None, 5), ("ngram", 1, 2)])
-def test_the_target_layout_is_chosen_for_gamma_plus_one_tokens_per_call(dirs, draft, gamma, rows):
-    draft = draft or str(dirs["draft"])  # a model draft: gamma defaults to DEFAULT_GAMMA = 4
+@pytest.mark.parametrize(("draft", "gamma", "rows"),
+                         [("none", 3, 1), (None, 3, 4), (None, None, 5), ("ngram", 1, 2), ("auto", None, 3), ("auto", 8, 3)])
+def test_the_target_layout_is_chosen_for_gamma_plus_one_tokens_per_call_three_with_auto(dirs, draft, gamma, rows):
+    draft = draft or str(dirs["draft"])  # a model draft: gamma defaults to DEFAULT_GAMMA = 4; auto drafts are short
     target = Pipeline.load(str(dirs["target"]), draft, gamma).target.model
     if rows == 1 or not packing_available(torch.float32):
         assert target.layout_choice is None  # one token: dual, the fastest single token, untimed
@@ -274,6 +275,8 @@ def test_prompt_file_bad_line(capsys, dirs, tmp_path):
         (["--top-k=-1"], "top_k"),
         (["--gamma", "0"], "gamma"),
         (["--gamma=-2"], "gamma"),
+        (["--min-confidence", "1.5"], "min-confidence"),
+        (["--min-confidence", "high"], "min-confidence"),
         (["--max-new-tokens=-1"], "max_new_tokens"),
         (["--packing", "fast"], "--packing"),
     ],

@@ -460,14 +460,14 @@ def test_bundled_name_without_a_bundled_draft_is_refused(tmp_path):
     assert make_drafter("auto", target).name.startswith("ngram")  # no bundled draft: prompt lookup
 
 
-def test_auto_is_the_bundled_draft_with_prompt_lookup_at_gamma_two_where_there_is_one():
+def test_auto_is_the_bundled_draft_with_prompt_lookup_at_gamma_five_where_there_is_one():
     from specdecode.models.loading import DEFAULT_TARGET
     from specdecode.pipeline import default_gamma, resolve_draft_name
 
     assert resolve_draft_name("auto", DEFAULT_TARGET) == "bundled+ngram"
     assert resolve_draft_name("auto", "some/other-model") == "ngram"
     assert resolve_draft_name("bundled") == "bundled"
-    assert default_gamma("auto") == 2 and default_gamma("ngram") == 4 and default_gamma("bundled") == 4
+    assert default_gamma("auto") == 5 and default_gamma("ngram") == 4 and default_gamma("bundled") == 4
 
 
 def test_make_distill_runs_the_command_the_bundled_drafts_card_records():

@@ -12,6 +12,7 @@ import torch
 
 from specdecode.core.sampling import SamplingParams
 from specdecode.decoding import generate
+from specdecode.drafters.base import Draft
 from specdecode.drafters.distilled import load_distilled
 from specdecode.drafters.eagle import EagleDrafter, is_eagle_draft, load_eagle, save_eagle
 from specdecode.models.loading import LoadedModel
@@ -20,7 +21,7 @@ from specdecode.native.config import NativeConfig
 from specdecode.native.eagle import EagleNetwork
 from specdecode.native.engine import NativeLM
 from specdecode.native.model import NativeTransformer
-from specdecode.pipeline import make_drafter
+from specdecode.pipeline import DEFAULT_MIN_CONFIDENCE, make_drafter
 
 CONFIG = NativeConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_layers=2, num_heads=2,
                       num_kv_heads=1, head_dim=8, max_position_embeddings=128)
@@ -115,15 +116,53 @@ def test_unrolled_depth_must_be_a_positive_integer():
         _network().unrolled_features(torch.zeros(1, 2, 16), torch.zeros(1, 2, 16), 0)
 
 
-def test_greedy_with_an_eagle_draft_equals_the_target_alone():
+@pytest.mark.parametrize("min_confidence", [0.0, 0.3])
+def test_greedy_with_an_eagle_draft_equals_the_target_alone(min_confidence):
     target = _target()
     prompt = [1, 5, 2, 8, 3]
     alone = generate(target, prompt, max_new_tokens=40, sampling=SamplingParams(0.0))
-    drafter = EagleDrafter(_network(), torch.tensor(HEAD), target)
+    drafter = EagleDrafter(_network(), torch.tensor(HEAD), target, min_confidence=min_confidence)
     for gamma in (1, 3, 5):
         result = generate(target, prompt, drafter=drafter, gamma=gamma, max_new_tokens=40, sampling=SamplingParams(0.0))
         assert result.token_ids == alone.token_ids, f"gamma={gamma}"
         assert result.stats.draft_calls > 0
+
+
+def _proposal(min_confidence: float, sampling: SamplingParams, gamma: int = 6) -> tuple[Draft, list[torch.Tensor]]:
+    """One draft of at most `gamma` tokens after the prompt [1, 2, 3] and one generated token (generator seeded),
+    and the head's logits [K] at each drafted token."""
+    target = _target()
+    network = _network()
+    head, logits = network.head, []
+    network.head = lambda g: logits.append(head(g)[0]) or head(g)  # records what the drafter's q comes from
+    drafter = EagleDrafter(network, torch.tensor(HEAD), target, min_confidence=min_confidence)
+    target.prefill(torch.tensor([1, 2, 3]))
+    drafter.start(torch.tensor([1, 2, 3]))
+    return drafter.propose(torch.tensor([4]), gamma, sampling, torch.Generator().manual_seed(0)), logits
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_min_confidence_ends_the_draft_after_the_first_token_its_q_gave_less(temperature):
+    """The draft is the full draft's prefix up to and including the first token whose q (at T=0 the softmax of
+    the head's logits) is below min_confidence; the q of the tokens it keeps are unchanged."""
+    sampling = SamplingParams(temperature)
+    full, logits = _proposal(0.0, sampling)
+    rows = [HEAD.index(token) for token in full.tokens.tolist()]
+    confidences = [float(torch.softmax(x, dim=-1)[row]) for x, row in zip(logits, rows)]  # q at T=1 and at T=0
+    assert len(full) == 6
+    for threshold in sorted(confidences)[:4]:
+        ends = next((i + 1 for i, c in enumerate(confidences) if c < threshold), 6)
+        draft, _ = _proposal(threshold, sampling)
+        assert draft.tokens.tolist() == full.tokens[:ends].tolist(), f"threshold {threshold}"
+        if not sampling.greedy:
+            torch.testing.assert_close(draft.probs, full.probs[:ends])
+    assert len(_proposal(1.0, sampling)[0]) == 1  # no q of a random network reaches 1
+
+
+@pytest.mark.parametrize("value", [-0.1, 1.5, True, "0.5"])
+def test_min_confidence_must_be_a_probability(value):
+    with pytest.raises(ValueError, match="min_confidence"):
+        EagleDrafter(_network(), torch.tensor(HEAD), _target(), min_confidence=value)
 
 
 def test_first_draft_token_reads_the_feature_of_the_last_position_the_target_ran():
@@ -191,8 +230,10 @@ def test_make_drafter_builds_an_eagle_drafter_and_refuses_a_non_native_target(tm
     target = _target()
     drafter = make_drafter(str(tmp_path / "eagle"), LoadedModel(target, None, None, "tiny-target"))
     assert isinstance(drafter, EagleDrafter) and drafter.target is target
-    composite = make_drafter(str(tmp_path / "eagle") + "+ngram", LoadedModel(target, None, None, "tiny-target"))
-    assert isinstance(composite.model, EagleDrafter)
+    assert drafter.min_confidence == DEFAULT_MIN_CONFIDENCE
+    composite = make_drafter(str(tmp_path / "eagle") + "+ngram", LoadedModel(target, None, None, "tiny-target"),
+                             min_confidence=0.25)
+    assert isinstance(composite.model, EagleDrafter) and composite.model.min_confidence == 0.25
 
     class OtherBackend:
         vocab_size = CONFIG.vocab_size

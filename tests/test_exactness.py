@@ -125,7 +125,7 @@ TINY_NATIVE = NativeConfig(vocab_size=8, hidden_size=16, intermediate_size=32, n
                            num_kv_heads=1, head_dim=8, max_position_embeddings=64)
 
 
-def _eagle_case(head: list[int]) -> tuple[NativeLM, EagleDrafter]:
+def _eagle_case(head: list[int], min_confidence: float = 0.0) -> tuple[NativeLM, EagleDrafter]:
     """A random two-layer native target and a random EAGLE draft on its features, reduced head."""
     target = NativeLM(_random_native(TINY_NATIVE, 4), max_cache_len=64, packing="none")
     torch.manual_seed(6)
@@ -134,7 +134,7 @@ def _eagle_case(head: list[int]) -> tuple[NativeLM, EagleDrafter]:
         for p in network.parameters():
             p.normal_(0.0, 0.5)
         network.head_weight.normal_(0.0, 1.0)
-    return target, EagleDrafter(network, torch.tensor(head), target)
+    return target, EagleDrafter(network, torch.tensor(head), target, min_confidence=min_confidence)
 
 
 CASES = {
@@ -188,13 +188,23 @@ def test_speculative_samples_match_target_distribution(name):
     assert pvalue > P_VALUE_FLOOR, f"{name}: chi-square p-value {pvalue:.2e}, total variation {tv:.3f}"
 
 
-@pytest.mark.parametrize("sampling", [SamplingParams(0.8), pytest.param(SamplingParams(1.0, top_k=5), marks=pytest.mark.slow)],
-                         ids=["T=0.8", "top-k=5"])
-def test_eagle_samples_match_native_target_distribution(sampling):
-    """The EAGLE drafter, reading a native target's features (its cache and the target's rolled back each step)."""
-    target, drafter = _eagle_case([0, 2, 3, 5, 7])
+@pytest.mark.parametrize(
+    "sampling, min_confidence",
+    [(SamplingParams(0.8), 0.0), (SamplingParams(0.8), 0.7), pytest.param(SamplingParams(1.0, top_k=5), 0.0, marks=pytest.mark.slow)],
+    ids=["T=0.8", "T=0.8 min-confidence 0.7", "top-k=5"],
+)
+def test_eagle_samples_match_native_target_distribution(sampling, min_confidence):
+    """The EAGLE drafter, reading a native target's features (its cache and the target's rolled back each step);
+    with min_confidence its drafts end early wherever its own q is unsure."""
+    target, drafter = _eagle_case([0, 2, 3, 5, 7], min_confidence)
     pvalue, tv = chi_square_pvalue(target, drafter, sampling, 3, 3, 8000)
     assert pvalue > P_VALUE_FLOOR, f"EAGLE draft: chi-square p-value {pvalue:.2e}, total variation {tv:.3f}"
+    if min_confidence:  # the threshold did end drafts early: fewer draft tokens per call than without it
+        def tokens_per_draft(case: tuple[NativeLM, EagleDrafter]) -> float:
+            stats = generate(case[0], PROMPT, drafter=case[1], gamma=3, max_new_tokens=40, sampling=sampling,
+                             generator=torch.Generator().manual_seed(0)).stats
+            return stats.draft_tokens / stats.draft_calls
+        assert tokens_per_draft((target, drafter)) < tokens_per_draft(_eagle_case([0, 2, 3, 5, 7])) - 0.5
 
 
 def test_draft_equal_to_target_accepts_everything():

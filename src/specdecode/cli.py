@@ -14,7 +14,8 @@ from specdecode.core.sampling import SamplingParams
 from specdecode.distill import cli as distill_cli
 from specdecode.decoding import GenerationResult, GenerationStats
 from specdecode.models.loading import DEFAULT_TARGET
-from specdecode.pipeline import AUTO_GAMMA, DEFAULT_DRAFT, DEFAULT_GAMMA, Pipeline, incremental_text
+from specdecode.drafters.eagle import check_min_confidence
+from specdecode.pipeline import AUTO_GAMMA, DEFAULT_DRAFT, DEFAULT_GAMMA, DEFAULT_MIN_CONFIDENCE, Pipeline, incremental_text
 
 __all__ = ["main", "build_parser"]
 
@@ -65,13 +66,24 @@ def _gamma(text: str) -> int:
     return gamma
 
 
+def _min_confidence(text: str) -> float:
+    """argparse type of --min-confidence: a number in [0, 1]."""
+    try:
+        return check_min_confidence(float(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"min-confidence must be a number in [0, 1], got {text!r}") from None
+
+
 def add_model_options(parser: argparse.ArgumentParser) -> None:
-    """The model options a subcommand shares: --target, --draft, --gamma, --backend, --packing."""
+    """The model options a subcommand shares: --target, --draft, --gamma, --min-confidence, --backend, --packing."""
     parser.add_argument("--target", default=DEFAULT_TARGET, help=f"target model: {DEFAULT_TARGET} (default), a .gguf file or an HF directory/id")
     parser.add_argument("--draft", default=DEFAULT_DRAFT, help="draft: 'auto' (default: 'bundled+ngram' where the target has a bundled draft, else 'ngram'), 'ngram' (prompt lookup), 'bundled', 'bundled+ngram', 'none' (target alone), or a model path/id (add '+ngram' to prefer prompt lookup on repeats)")
-    parser.add_argument("--gamma", type=_gamma, default=None, help=f"draft tokens per target call (default {AUTO_GAMMA} with --draft auto, else {DEFAULT_GAMMA})")
+    parser.add_argument("--gamma", type=_gamma, default=None, help=f"the most draft tokens per target call (default {AUTO_GAMMA} with --draft auto, else {DEFAULT_GAMMA})")
+    parser.add_argument("--min-confidence", type=_min_confidence, default=DEFAULT_MIN_CONFIDENCE,
+                        help="an EAGLE draft (the bundled one) ends before gamma tokens after a token it gave a probability "
+                             f"below this (default {DEFAULT_MIN_CONFIDENCE}; 0 always drafts gamma)")
     parser.add_argument("--backend", choices=BACKENDS, default="auto", help="engine: native (fast PyTorch Llama/Qwen2), hf (transformers), auto (default: native where supported)")
-    parser.add_argument("--packing", choices=PACKINGS, default="auto", help="native engine's layout of the target's linear layers: auto (default: with a draft, whichever of dual and none verifies gamma+1 tokens faster here, timed once per machine and cached; without one dual, the fastest single token), none (plain weights), packed (oneDNN), dual (both)")
+    parser.add_argument("--packing", choices=PACKINGS, default="auto", help="native engine's layout of the target's linear layers: auto (default: with a draft, whichever of dual and none verifies gamma+1 tokens (3 with --draft auto) faster here, timed once per machine and cached; without one dual, the fastest single token), none (plain weights), packed (oneDNN), dual (both)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         parser.error(str(error))  # exits with status 2
     try:
-        pipeline = Pipeline.load(args.target, args.draft, args.gamma, args.backend, args.packing)
+        pipeline = Pipeline.load(args.target, args.draft, args.gamma, args.backend, args.packing,
+                                 min_confidence=args.min_confidence)
         _warm_up(pipeline)
         progress = _progress(prompts, enabled=args.prompt_file is not None and sys.stderr.isatty())
         for extra, prompt in progress:
@@ -237,7 +250,8 @@ def _serve(parser: argparse.ArgumentParser, args) -> int:
     except ValueError as error:
         parser.error(str(error))  # exits with status 2
     try:
-        pipeline = Pipeline.load(args.target, args.draft, args.gamma, args.backend, args.packing)
+        pipeline = Pipeline.load(args.target, args.draft, args.gamma, args.backend, args.packing,
+                                 min_confidence=args.min_confidence)
         _warm_up(pipeline)
     except (ValueError, FileNotFoundError) as error:
         print(f"specdecode: error: {error}", file=sys.stderr)

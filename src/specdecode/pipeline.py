@@ -12,7 +12,7 @@ from specdecode.core.sampling import SamplingParams
 from specdecode.decoding import GenerationResult, TokenStream, check_gamma, stream
 from specdecode.drafters import Drafter, LookupThenModelDrafter, ModelDrafter, PromptLookupDrafter
 from specdecode.drafters.distilled import bundled_draft_dir, is_distilled_draft, load_distilled, saved_tokenizer
-from specdecode.drafters.eagle import EagleDrafter, is_eagle_draft, load_eagle
+from specdecode.drafters.eagle import EagleDrafter, check_min_confidence, is_eagle_draft, load_eagle
 from specdecode.native.engine import NativeLM
 from specdecode.native.quant import int8_kernel_available
 from specdecode.models.compat import check_vocabularies
@@ -25,15 +25,22 @@ __all__ = ["Pipeline", "StopStrings", "DEFAULT_DRAFT", "make_drafter", "resolve_
 
 DEFAULT_DRAFT = "auto"  # see AUTO_DRAFT
 # What 'auto' means: the target's bundled distilled draft (for the default target an EAGLE draft, which
-# needs the native engine), with prompt lookup wherever the context repeats, two draft tokens per target call.
-# On Spec-Bench on a 2-core CPU that is the best measured pair (prompt lookup alone 1.09x / 1.03x at T=0 / T=1;
-# docs/benchmarks.md), and two draft tokens beat one with the 768-prompt draft: 1.30x against 1.25x at T=0
-# (median over 39 prompts), mean of the per-category medians 1.24x against 1.16x at T=1 (run 13). A target
-# without a bundled draft that can run with it gets prompt lookup alone.
+# needs the native engine), with prompt lookup wherever the context repeats, up to five draft tokens per
+# target call: prompt lookup proposes five where it finds a match, the EAGLE draft stops after a token it
+# gave less than DEFAULT_MIN_CONFIDENCE (1.7 tokens per draft at T=0, 1.25 at T=1). On Spec-Bench on a
+# 2-core CPU that is the best measured setting (prompt lookup alone 1.09x / 1.03x at T=0 / T=1;
+# docs/benchmarks.md): against two draft tokens every call, 1.37x against 1.31x at T=0 (median over 39
+# prompts; mean of the per-category medians 1.47x against 1.36x), and a tie at T=1 (1.24x against 1.28x
+# median, 1.23x both as mean of the per-category medians; run 14). A target without a bundled draft that
+# can run with it gets prompt lookup alone.
 AUTO_DRAFT = "bundled+ngram"
 AUTO_DRAFT_WITHOUT_BUNDLED = "ngram"
-AUTO_GAMMA = 2  # --gamma when not given with the 'auto' draft
+AUTO_GAMMA = 5  # --gamma when not given with the 'auto' draft: the longest draft
+AUTO_ROWS_PER_CALL = 3  # 'auto' drafts are short (above), so the target's layout is timed for 3-token calls
 DEFAULT_GAMMA = 4  # --gamma when not given with any other draft
+# An EAGLE draft ends before gamma tokens after a token its own q gave less than this (EAGLE-2's
+# confidence; `EagleDrafter`). 0 drafts gamma tokens every call.
+DEFAULT_MIN_CONFIDENCE = 0.6
 
 
 def resolve_draft_name(spec: str, target: str = DEFAULT_TARGET, native: bool = True) -> str:
@@ -85,7 +92,8 @@ class StopStrings:
         return text[:cut]
 
 
-def make_drafter(spec: str | None, target: LoadedModel, backend: str = "auto") -> Drafter | None:
+def make_drafter(spec: str | None, target: LoadedModel, backend: str = "auto",
+                 min_confidence: float = DEFAULT_MIN_CONFIDENCE) -> Drafter | None:
     """A drafter from its CLI name.
 
     'auto' (default): AUTO_DRAFT, 'bundled+ngram' (or 'ngram' when the target has no bundled draft, or when the
@@ -94,6 +102,7 @@ def make_drafter(spec: str | None, target: LoadedModel, backend: str = "auto") -
     a path or id: a draft model (a `specdecode distill` output directory, a GGUF file or an HF model; an
     EAGLE draft from `specdecode distill --eagle` needs the target on the native engine);
     'X+ngram': draft X, but prompt lookup wherever the context repeats (a match of >= 3 tokens).
+    min_confidence: an EAGLE draft's early end (`EagleDrafter`); other drafts have no such setting.
     """
     if spec is None or spec == "none":
         return None
@@ -108,7 +117,7 @@ def make_drafter(spec: str | None, target: LoadedModel, backend: str = "auto") -
             raise ValueError(f"draft: no bundled draft for target {target.source!r}; use 'ngram' or a model path")
         model_spec = str(path)
     if is_eagle_draft(model_spec):
-        drafter = eagle_drafter(model_spec, target)
+        drafter = eagle_drafter(model_spec, target, min_confidence)
         return LookupThenModelDrafter(drafter) if with_lookup else drafter
     if is_distilled_draft(model_spec):
         draft = load_distilled(model_spec)  # always the native engine
@@ -119,7 +128,7 @@ def make_drafter(spec: str | None, target: LoadedModel, backend: str = "auto") -
     return LookupThenModelDrafter(drafter) if with_lookup else drafter
 
 
-def eagle_drafter(directory: str, target: LoadedModel) -> EagleDrafter:
+def eagle_drafter(directory: str, target: LoadedModel, min_confidence: float = DEFAULT_MIN_CONFIDENCE) -> EagleDrafter:
     """The EAGLE draft in `directory` on `target`'s features, its tokenizer checked against the target's.
 
     On a CPU with torch's int8 kernel it drafts on int8 weights (see EagleDrafter's quantize).
@@ -132,7 +141,8 @@ def eagle_drafter(directory: str, target: LoadedModel) -> EagleDrafter:
     check_vocabularies(target.tokenizer, tokenizer, target.model.vocab_size, network.config.vocab_size)
     # int8 where torch's int8 CPU kernel runs: half the draft's time, the same alpha (docs/distill.md)
     quantize = "int8" if target.model.device.type == "cpu" and int8_kernel_available() else "none"
-    return EagleDrafter(network, output_ids, target.model, name=Path(directory).name, quantize=quantize)
+    return EagleDrafter(network, output_ids, target.model, name=Path(directory).name, quantize=quantize,
+                        min_confidence=min_confidence)
 
 
 @dataclass
@@ -147,20 +157,23 @@ class Pipeline:
     def load(
         cls, target: str = DEFAULT_TARGET, draft: str | None = DEFAULT_DRAFT, gamma: int | None = None,
         backend: str = "auto", packing: str = "auto", rows_per_call: int | None = None,
+        min_confidence: float = DEFAULT_MIN_CONFIDENCE,
     ) -> "Pipeline":
         """Load target and draft on `backend` ('auto': the native engine where it supports the model, else HF).
 
         gamma None: default_gamma(draft). packing: the native target's layout of its linear layers
         (`specdecode.native.fast`); 'auto' picks the layout that runs rows_per_call tokens per target
-        call fastest on this machine (`NativeLM`). rows_per_call None: gamma + 1 with a draft, else 1.
+        call fastest on this machine (`NativeLM`). rows_per_call None: AUTO_ROWS_PER_CALL with the 'auto'
+        draft, gamma + 1 with another, 1 without one. min_confidence: an EAGLE draft's early end (`EagleDrafter`).
         """
         gamma = default_gamma(draft) if gamma is None else check_gamma(gamma)  # before the (slow) load
+        check_min_confidence(min_confidence)
         if rows_per_call is None:
-            rows_per_call = 1 if draft in (None, "none") else gamma + 1
+            rows_per_call = 1 if draft in (None, "none") else AUTO_ROWS_PER_CALL if draft == "auto" else gamma + 1
         loaded = backends.load(target, backend, packing, rows_per_call)
         if loaded.tokenizer is None:
             raise ValueError(f"target: {target} has no tokenizer, so it cannot take text prompts")
-        return cls(loaded, make_drafter(draft, loaded, backend), gamma)
+        return cls(loaded, make_drafter(draft, loaded, backend, min_confidence), gamma)
 
     @property
     def tokenizer(self):

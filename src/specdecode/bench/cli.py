@@ -69,6 +69,8 @@ def add_parsers(commands) -> None:
     bench.add_argument("--packing", choices=PACKINGS, default="auto", help="native target's layout of its linear layers (default auto)")
     bench.add_argument("--gamma", type=int, default=None, help="gamma of the per-category table and the peers (default 4)")
     bench.add_argument("--gammas", type=_ints, default=None, help="gamma sweep, comma-separated (default 1,2,4,6; quick 2,4)")
+    bench.add_argument("--min-confidence", type=float, default=None,
+                       help="an EAGLE draft ends early after a token its q gave less than this (default: generate's)")
     bench.add_argument("--temperatures", type=_floats, default=None, help="comma-separated (default 0,1)")
     bench.add_argument("--max-new-tokens", type=int, default=None, help="per generation (default 48; quick 24)")
     bench.add_argument("--per-category", type=int, default=None, help="prompts per category, first in file order (default 1)")
@@ -103,7 +105,8 @@ def _config(args, argv: list[str] | None):
     command = shlex.join(["specdecode", *(argv if argv is not None else sys.argv[1:])])
     return BenchConfig(
         prompts=args.prompts, out=args.out, target=args.target, drafts=args.drafts, category_drafts=args.category_drafts,
-        backend=args.backend, packing=args.packing, gamma=args.gamma, gammas=args.gammas, temperatures=args.temperatures,
+        backend=args.backend, packing=args.packing, gamma=args.gamma, gammas=args.gammas,
+        min_confidence=args.min_confidence, temperatures=args.temperatures,
         max_new_tokens=args.max_new_tokens, per_category=args.per_category, categories=args.categories, limit=args.limit,
         sweep_prompts=args.sweep_prompts, peers=args.peers, seed=args.seed, cost_reps=args.cost_reps, threads=args.threads,
         chat=args.chat, quick=args.quick, command=command,

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from specdecode.backends import BACKENDS
+from specdecode.drafters.eagle import check_min_confidence
 from specdecode.native.config import check_packing
 from specdecode.models.loading import DEFAULT_TARGET
 
@@ -59,6 +60,7 @@ class BenchConfig:
     packing: str = "auto"  # the native target's layout of its linear layers
     gamma: int | None = None  # the gamma of the per-category table and of the peers
     gammas: tuple[int, ...] | None = None  # the sweep (gamma is added to it)
+    min_confidence: float | None = None  # an EAGLE draft's early end; default: pipeline.DEFAULT_MIN_CONFIDENCE
     temperatures: tuple[float, ...] | None = None
     max_new_tokens: int | None = None
     per_category: int | None = None
@@ -84,6 +86,10 @@ class BenchConfig:
             else tuple(d for d in drafts if d not in STATISTICAL_DRAFTS)
         )
         out = replace(self, **values, drafts=drafts, category_drafts=category, out=Path(self.out), peers=_unique(self.peers))
+        if out.min_confidence is None:
+            from specdecode.pipeline import DEFAULT_MIN_CONFIDENCE
+
+            out.min_confidence = DEFAULT_MIN_CONFIDENCE
         out.gammas = tuple(sorted(set(out.gammas) | {out.gamma})) if _ints(out.gammas) and _int(out.gamma) else out.gammas
         out.temperatures = _unique(float(t) for t in out.temperatures) if _reals(out.temperatures) else out.temperatures
         out.validate()
@@ -108,6 +114,7 @@ class BenchConfig:
             raise ValueError(f"sweep_prompts must be an integer >= 0, got {self.sweep_prompts!r}")
         if not self.gammas or not _ints(self.gammas) or min(self.gammas) < 1:
             raise ValueError(f"gammas must be integers >= 1, got {self.gammas!r}")
+        check_min_confidence(self.min_confidence)
         if not self.temperatures or not _reals(self.temperatures) or any(
             math.isnan(t) or math.isinf(t) or t < 0 for t in self.temperatures
         ):

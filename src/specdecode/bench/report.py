@@ -56,6 +56,12 @@ def _accept(row: Mapping, key: str):
 _CHAT = {None: "chat template where the tokenizer has one", True: "chat template", False: "raw text"}
 
 
+def _early_end(cfg: Mapping) -> str:
+    """'; an EAGLE draft ends ...' where the run set min_confidence (older results have none)."""
+    threshold = cfg.get("min_confidence")
+    return f"; an EAGLE draft ends early after a token its q gave less than {threshold:g}" if threshold else ""
+
+
 def _header(results: Mapping) -> list[str]:
     cfg, machine = results["config"], results["machine"]
     prompts = results["prompts"]
@@ -73,7 +79,7 @@ def _header(results: Mapping) -> list[str]:
         f"- run: {results.get('started', '?')}, {_f(results.get('wall_seconds'), '.0f', ' s')} wall time, {state}",
         f"- machine: {machine['processor']}, {machine['cpus']} CPUs, {machine['torch_threads']} torch threads, "
         f"{_f(machine.get('memory_gib'), '.0f', ' GiB')}; {machine['platform']}; Python {machine['python']}; {versions}",
-        f"- target `{cfg['target']}` on backend `{cfg['backend']}`{_packing(results)}; drafts {drafts}",
+        f"- target `{cfg['target']}` on backend `{cfg['backend']}`{_packing(results)}; drafts {drafts}{_early_end(cfg)}",
         f"- {len(prompts)} prompts from `{cfg['prompts']}` ({cfg['per_category']} per category: {', '.join(categories)}), "
         f"first turn, {_CHAT[cfg.get('chat')]}; "
         f"{cfg['max_new_tokens']} new tokens at most; temperatures {', '.join(_t(t) for t in cfg['temperatures'])}; seed {cfg['seed']}",

@@ -99,7 +99,7 @@ def run_bench(config: BenchConfig, log: Callable[[str], None] = _warn) -> dict:
                              rows_per_call=cfg.gamma + 1)
     prompts, encoded, skipped, sweep = _prepare(cfg, pipeline, prompts, log)
     model_specs = [d for d in cfg.drafts if d not in STATISTICAL_DRAFTS]
-    drafters = {spec: make_drafter(spec, pipeline.target, cfg.backend) for spec in model_specs}
+    drafters = {spec: make_drafter(spec, pipeline.target, cfg.backend, cfg.min_confidence) for spec in model_specs}
     cfg = _drop_duplicates(cfg, drafters, log)
     baseline = target_alone(pipeline, encoded, cfg.max_new_tokens)
 

@@ -25,7 +25,7 @@ from specdecode.native.eagle import EagleNetwork
 from specdecode.native.engine import NativeLM
 from specdecode.native.model import skipped_initialization
 
-__all__ = ["EAGLE_KIND", "EagleDrafter", "save_eagle", "load_eagle", "is_eagle_draft"]
+__all__ = ["EAGLE_KIND", "EagleDrafter", "check_min_confidence", "save_eagle", "load_eagle", "is_eagle_draft"]
 
 EAGLE_KIND = "eagle"
 
@@ -37,10 +37,13 @@ class EagleDrafter:
     output_ids [K]: the target token of each head row (q is exactly zero for every other token).
     quantize: 'int8' runs the network on int8 weights (`EagleNetwork.quantize_int8`, in place): a cheaper
     step and a slightly different q, which is still exactly the q it samples from.
+    min_confidence: the draft stops early, before gamma tokens, after a token its own q gave less than this
+    (at T=0 q is the softmax of the head's logits; EAGLE-2's confidence). The draft's length then depends on
+    the draft's own distributions only, so the output stays distributed as the target's. 0 always drafts gamma.
     """
 
     def __init__(self, network: EagleNetwork, output_ids: torch.Tensor, target: NativeLM, name: str = "eagle",
-                 quantize: str = "none") -> None:
+                 quantize: str = "none", min_confidence: float = 0.0) -> None:
         if not isinstance(target, NativeLM):
             raise TypeError(f"an EAGLE draft reads its target's features: the target must run on the native engine, "
                             f"got {type(target).__name__}")
@@ -52,11 +55,13 @@ class EagleDrafter:
             raise ValueError(f"output_ids must have shape [{network.output_vocab_size}], got {tuple(output_ids.shape)}")
         if quantize not in ("none", "int8"):
             raise ValueError(f"quantize must be 'none' or 'int8', got {quantize!r}")
+        check_min_confidence(min_confidence)
         target.keep_features()
         self.network = network.eval().requires_grad_(False)
         if quantize == "int8":
             network.quantize_int8()
         self.quantize = quantize
+        self.min_confidence = float(min_confidence)
         self.output_ids = output_ids.long()
         self.target = target
         self.name = f"eagle:{name}"
@@ -87,17 +92,28 @@ class EagleDrafter:
         probs: list[torch.Tensor] = []
         for i in range(gamma):
             logits = self.network.head(g)[0].float()  # [K]
+            q_head = None
             if sampling.greedy:
-                token = int(self.output_ids[logits.argmax()])  # the argmax of the widened q
+                row = int(logits.argmax())  # the argmax of the widened q
             else:  # q over the K head tokens, then widened with zeros: the same q as over V with -inf logits
                 q_head = probabilities(logits, sampling)  # [K]
-                token = int(self.output_ids[sample(q_head, generator)])
+                row = int(sample(q_head, generator))
                 probs.append(widen_probabilities(q_head, self.output_ids, self.target.vocab_size))
+            token = int(self.output_ids[row])
             drafted.append(token)
-            if i + 1 < gamma:  # its own g stands in for the feature the target has not computed
-                g = self.network.step(g, self._embed(torch.tensor([token])), n + i, self._cache)
+            if i + 1 == gamma or self._ends_at(logits, q_head, row):
+                break
+            # its own g stands in for the feature the target has not computed
+            g = self.network.step(g, self._embed(torch.tensor([token])), n + i, self._cache)
         token_tensor = torch.tensor(drafted, dtype=torch.long)
         return Draft(token_tensor) if sampling.greedy else Draft(token_tensor, torch.stack(probs))
+
+    def _ends_at(self, logits: torch.Tensor, q_head: torch.Tensor | None, row: int) -> bool:
+        """Whether the draft ends at head row `row`: its q (the softmax of logits [K] at T=0) is below min_confidence."""
+        if self.min_confidence == 0.0:
+            return False
+        q = torch.softmax(logits, dim=-1) if q_head is None else q_head
+        return float(q[row]) < self.min_confidence
 
     def _catch_up(self, tokens: torch.Tensor) -> torch.Tensor:
         """Feed the cache the positions it lacks up to n - 1, from the target's features; g of those [m, H]."""
@@ -113,6 +129,13 @@ class EagleDrafter:
 
     def observe(self, draft: Draft, num_accepted: int) -> None:
         """Nothing to do: the next proposal overwrites the speculative positions from the target's features."""
+
+
+def check_min_confidence(value: float) -> float:
+    """value itself, or a ValueError naming the parameter: an EAGLE draft's early-end threshold, a probability."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ValueError(f"min_confidence must be a number in [0, 1], got {value!r}")
+    return value
 
 
 def widen_probabilities(q: torch.Tensor, output_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
