@@ -62,6 +62,24 @@ def score(directory: Path, data, features: list[torch.Tensor], embedding: torch.
     return evaluate(network, data, output_index, batch_tokens, partial(objective.logits, depth=depth))
 
 
+def answers_and_features(target_name: str, prompts_file: Path, out: Path, max_new_tokens: int, batch_size: int = 48):
+    """The target's greedy answers to the first turns of prompts_file with their top-k distributions, the native
+    target (float32) and its features f [L_i, H] of every answer; kept in `out`, so a rerun reads them back."""
+    out.mkdir(parents=True, exist_ok=True)
+    settings = {"target": target_name, "prompts": str(prompts_file.resolve()), "max_new_tokens": max_new_tokens}
+    recorded = out / "settings.json"
+    if recorded.is_file() and json.loads(recorded.read_text()) != settings:
+        raise SystemExit(f"{out} holds answers made with other settings ({recorded.read_text().strip()}); use another --out")
+    recorded.write_text(json.dumps(settings) + "\n")
+    loaded = load_model(target_name)
+    prompts = [TrainingPrompt(p.category, p.text) for p in load_prompts(prompts_file)]
+    generate_responses(loaded.hf_model, loaded.tokenizer, prompts, out, max_new_tokens=max_new_tokens,
+                       batch_size=batch_size, top_k=32, sample_fraction=0.0, seed=0, max_prompt_tokens=1 << 20)
+    data = load_teacher(out)
+    target = native_from_hf_model(loaded.hf_model, torch.float32)
+    return data, target, target_features(target, data, out)
+
+
 def table(results: dict[str, dict]) -> str:
     """Markdown: one row per category (sorted, then all), alpha T=0 / T=1 for each draft."""
     drafts = list(results)
@@ -90,20 +108,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.depth < 1:
         parser.error(f"--depth must be >= 1, got {args.depth}")
     drafts = {name: draft_directory(name, args.target) for name in args.draft or ["bundled"]}
-
-    args.out.mkdir(parents=True, exist_ok=True)
-    settings = {"target": args.target, "prompts": str(args.prompts.resolve()), "max_new_tokens": args.max_new_tokens}
-    recorded = args.out / "settings.json"
-    if recorded.is_file() and json.loads(recorded.read_text()) != settings:
-        raise SystemExit(f"{args.out} holds answers made with other settings ({recorded.read_text().strip()}); use another --out")
-    recorded.write_text(json.dumps(settings) + "\n")
-    loaded = load_model(args.target)
-    prompts = [TrainingPrompt(p.category, p.text) for p in load_prompts(args.prompts)]
-    generate_responses(loaded.hf_model, loaded.tokenizer, prompts, args.out, max_new_tokens=args.max_new_tokens,
-                       batch_size=args.batch_size, top_k=32, sample_fraction=0.0, seed=0, max_prompt_tokens=1 << 20)
-    data = load_teacher(args.out)
-    target = native_from_hf_model(loaded.hf_model, torch.float32)
-    features = target_features(target, data, args.out)
+    data, target, features = answers_and_features(args.target, args.prompts, args.out, args.max_new_tokens, args.batch_size)
     embedding = target.embed.weight.detach()
     results = {name: score(directory, data, features, embedding, args.batch_tokens, args.depth)
                for name, directory in drafts.items()}

@@ -123,6 +123,10 @@ class EagleObjective:
         it is the d-th draft token's logits after d - 1 draft tokens that were the sequence's own."""
         return self.network.head(self._g(indices, ids, depth)[-1])
 
+    def logits_by_depth(self, indices: Sequence[int], ids: torch.Tensor, depth: int) -> list[torch.Tensor]:
+        """depth x [B, L, K]: `logits` at every depth 1 .. depth, from one unrolled pass."""
+        return [self.network.head(g) for g in self._g(indices, ids, depth)]
+
     def loss(self, indices: Sequence[int], ids: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor,
              idx: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
         """Mean over the trained depths of the head's distillation loss plus feature_weight x smooth-L1 of g_j

@@ -1,0 +1,71 @@
+"""scripts/draft_length_replay.py on a tiny target and its EAGLE draft: the replay's target calls are greedy decoding's."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdecode.core.sampling import SamplingParams
+from specdecode.decoding import generate
+from specdecode.drafters import LookupThenModelDrafter
+from specdecode.drafters.eagle import EagleDrafter, load_eagle
+from specdecode.distill.teacher import chat_ids, load_teacher
+from specdecode.native import load_native
+from test_distill import _prompt_file, eagle_distilled, tiny_target  # noqa: F401  (fixtures)
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "draft_length_replay.py"
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("draft_length_replay", SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
+def test_replay_makes_the_target_calls_greedy_decoding_makes(eagle_distilled, tiny_target, tmp_path, capsys):  # noqa: F811
+    target, _ = tiny_target
+    draft = eagle_distilled[0] / "draft"
+    rows = [json.loads(line) for line in _prompt_file(tmp_path / "words.jsonl", count=8, seed=7).read_text().splitlines()]
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps({"category": r["category"], "turns": [r["prompt"]]}) for r in rows))
+    out = tmp_path / "out"
+    script = _script()
+    results = script.main(["--target", str(target), "--draft", str(draft), "--prompts", str(prompts), "--out", str(out),
+                           "--max-new-tokens", "16", "--settings", "1:0,3:0,3:0.5", "--cost-reps", "1"])
+    assert list(results) == ["γ=1 min-confidence 0", "γ=3 min-confidence 0", "γ=3 min-confidence 0.5"]
+    assert all(r["all"]["answers"] == len(rows) and r["all"]["speedup"] > 0 for r in results.values())
+    assert "mean of the category medians" in capsys.readouterr().out and (out / "replay.md").is_file()
+
+    # the replay's calls, answer by answer, against decoding with the same drafter (prompt lookup, then the draft)
+    data = load_teacher(out)
+    native, tokenizer = (loaded := load_native(str(target))).model, loaded.tokenizer
+    network, output_ids, _ = load_eagle(draft)
+    features = [f for f in script.answers_and_features(str(target), prompts, out, 16)[2]]
+    predictions = script.draft_predictions(network, output_ids, native.model.embed.weight.detach(), data, features, 3)
+    by_prompt = {tuple(ids[: first + 1].tolist()): i for i, (ids, first) in enumerate(zip(data.ids, data.first))}
+    lookups = 0
+    for gamma, threshold in [(1, 0.0), (3, 0.0), (3, 0.5)]:
+        for row in rows:
+            prompt = chat_ids(tokenizer, row["prompt"])
+            i = by_prompt[tuple(prompt)]
+            calls = script.replay(data.ids[i], data.first[i], *predictions[i], gamma, threshold, 16)
+            drafter = LookupThenModelDrafter(EagleDrafter(network, output_ids, native, min_confidence=threshold))
+            stats = generate(native, torch.tensor(prompt), drafter=drafter, gamma=gamma, max_new_tokens=16,
+                             sampling=SamplingParams(0.0), eos_token_ids={tokenizer.eos_token_id}).stats
+            assert 1 + len(calls) == stats.target_calls, f"gamma {gamma}, min_confidence {threshold}: {row['prompt']!r}"
+            assert sum(c.new_tokens for c in calls) + 1 == stats.new_tokens
+            assert sum(c.model_tokens == 0 and c.drafted > 0 for c in calls) == drafter.lookup_drafts
+            lookups += drafter.lookup_drafts
+    assert lookups > 0  # both kinds of draft were replayed
+
+
+@pytest.mark.parametrize("text", ["2", "2:x", "0:0.5", "2:1.5"])
+def test_settings_must_be_gamma_and_min_confidence_pairs(text, capsys):
+    with pytest.raises(SystemExit):
+        _script().main(["--settings", text])
+    assert "settings" in capsys.readouterr().err
