@@ -32,7 +32,7 @@ from typing import NamedTuple
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from spec_bench_alpha import DEFAULT_PROMPTS, answers_and_features, draft_directory  # noqa: E402
+from spec_bench_alpha import add_answer_options, answers_and_features, draft_directory  # noqa: E402
 
 from specdecode import backends  # noqa: E402
 from specdecode.bench.costs import summarize_costs, time_extend  # noqa: E402
@@ -42,7 +42,6 @@ from specdecode.distill.teacher import TeacherData  # noqa: E402
 from specdecode.distill.train import make_batches  # noqa: E402
 from specdecode.drafters.eagle import EagleDrafter, check_min_confidence, load_eagle  # noqa: E402
 from specdecode.drafters.prompt_lookup import find_continuation  # noqa: E402
-from specdecode.models.loading import DEFAULT_TARGET  # noqa: E402
 from specdecode.pipeline import AUTO_ROWS_PER_CALL, eagle_drafter  # noqa: E402
 
 LOOKUP = (3, 4)  # the n-gram sizes of `X+ngram` (LookupThenModelDrafter's defaults)
@@ -171,11 +170,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--settings", type=_settings, default=_settings("2:0,5:0.6"),
                         help="comma-separated GAMMA:MIN_CONFIDENCE pairs (default 2:0,5:0.6)")
-    parser.add_argument("--target", default=DEFAULT_TARGET)
+    add_answer_options(parser)
     parser.add_argument("--draft", default="bundled", help="an EAGLE draft directory or 'bundled' (default)")
-    parser.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS, help="Spec-Bench JSONL (first turn of each)")
-    parser.add_argument("--out", type=Path, default=Path("work/spec-bench-alpha"), help="keeps the answers and features")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--cost-reps", type=int, default=15, help="timed repetitions of each extend and proposal (default 15)")
     args = parser.parse_args(argv)
     data, native, features = answers_and_features(args.target, args.prompts, args.out, args.max_new_tokens)

@@ -93,13 +93,18 @@ def table(results: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_answer_options(parser: argparse.ArgumentParser) -> None:
+    """--target, --prompts, --out, --max-new-tokens: what answers_and_features takes."""
     parser.add_argument("--target", default=DEFAULT_TARGET)
-    parser.add_argument("--draft", action="append", help="an EAGLE draft directory or 'bundled' (repeatable; default bundled)")
     parser.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS, help="Spec-Bench JSONL (first turn of each)")
     parser.add_argument("--out", type=Path, default=Path("work/spec-bench-alpha"), help="keeps the answers and features")
     parser.add_argument("--max-new-tokens", type=int, default=128)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_answer_options(parser)
+    parser.add_argument("--draft", action="append", help="an EAGLE draft directory or 'bundled' (repeatable; default bundled)")
     parser.add_argument("--batch-size", type=int, default=48, help="prompts per generate call")
     parser.add_argument("--batch-tokens", type=int, default=4096, help="tokens per scoring batch")
     parser.add_argument("--depth", type=int, default=1,

@@ -3,24 +3,18 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
+from script_loading import load_script
 from test_distill import _data, tiny_target  # noqa: F401  (a fixture)
 
 from specdecode.distill import DraftArchitecture, TrainConfig, distill
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "draft_experiments.py"
-
 
 @pytest.fixture(scope="module")
 def experiments():
-    spec = importlib.util.spec_from_file_location("draft_experiments", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("draft_experiments")
 
 
 @pytest.fixture(scope="module")

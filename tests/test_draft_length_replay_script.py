@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,16 +13,12 @@ from specdecode.drafters import LookupThenModelDrafter
 from specdecode.drafters.eagle import EagleDrafter, load_eagle
 from specdecode.distill.teacher import chat_ids, load_teacher
 from specdecode.native import load_native
+from script_loading import load_script
 from test_distill import _prompt_file, eagle_distilled, tiny_target  # noqa: F401  (fixtures)
-
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "draft_length_replay.py"
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("draft_length_replay", SCRIPT)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    return script
+    return load_script("draft_length_replay")
 
 
 def test_replay_makes_the_target_calls_greedy_decoding_makes(eagle_distilled, tiny_target, tmp_path, capsys):  # noqa: F811
@@ -45,7 +39,7 @@ def test_replay_makes_the_target_calls_greedy_decoding_makes(eagle_distilled, ti
     data = load_teacher(out)
     native, tokenizer = (loaded := load_native(str(target))).model, loaded.tokenizer
     network, output_ids, _ = load_eagle(draft)
-    features = [f for f in script.answers_and_features(str(target), prompts, out, 16)[2]]
+    features = script.answers_and_features(str(target), prompts, out, 16)[2]  # read back from out
     predictions = script.draft_predictions(network, output_ids, native.model.embed.weight.detach(), data, features, 3)
     by_prompt = {tuple(ids[: first + 1].tolist()): i for i, (ids, first) in enumerate(zip(data.ids, data.first))}
     lookups = 0

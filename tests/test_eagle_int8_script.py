@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
+from script_loading import load_script
 from test_distill import eagle_distilled, tiny_target  # noqa: F401  (fixtures)
-
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "eagle_int8.py"
 
 
 def test_eagle_int8_script_reports_costs_and_decoding(eagle_distilled, tiny_target, tmp_path, capsys):  # noqa: F811
-    spec = importlib.util.spec_from_file_location("eagle_int8", SCRIPT)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("eagle_int8")
     target, _ = tiny_target
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("\n".join(json.dumps({"category": c, "turns": [f"tell me about {c}"]}) for c in ("a", "b", "a")))

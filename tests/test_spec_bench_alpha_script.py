@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,16 +12,12 @@ from specdecode.decoding import generate
 from specdecode.drafters.eagle import EagleDrafter, load_eagle
 from specdecode.distill.teacher import chat_ids, load_teacher
 from specdecode.native import load_native
+from script_loading import load_script
 from test_distill import _prompt_file, eagle_distilled, tiny_target  # noqa: F401  (fixtures)
-
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "spec_bench_alpha.py"
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("spec_bench_alpha", SCRIPT)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    return script
+    return load_script("spec_bench_alpha")
 
 
 def test_alpha_per_category_equals_greedy_decoding_at_gamma_one(eagle_distilled, tiny_target, tmp_path, capsys):  # noqa: F811
