@@ -42,7 +42,7 @@ from specdecode.distill.teacher import TeacherData  # noqa: E402
 from specdecode.distill.train import make_batches  # noqa: E402
 from specdecode.drafters.eagle import EagleDrafter, check_min_confidence, load_eagle  # noqa: E402
 from specdecode.drafters.prompt_lookup import find_continuation  # noqa: E402
-from specdecode.pipeline import AUTO_ROWS_PER_CALL, eagle_drafter  # noqa: E402
+from specdecode.pipeline import EARLY_END_ROWS_PER_CALL, eagle_drafter  # noqa: E402
 
 LOOKUP = (3, 4)  # the n-gram sizes of `X+ngram` (LookupThenModelDrafter's defaults)
 
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> dict:
     depth = max(gamma for gamma, _ in args.settings)
     directory = str(draft_directory(args.draft, args.target))
 
-    loaded = backends.load(args.target, "auto", "auto", AUTO_ROWS_PER_CALL)  # the target and draft as `generate` runs them
+    loaded = backends.load(args.target, "auto", "auto", EARLY_END_ROWS_PER_CALL)  # the target and draft as `generate` runs them
     drafter = eagle_drafter(directory, loaded, min_confidence=0.0)
     context = torch.cat(list(data.ids))[: min(256, loaded.model.max_length // 2)]  # a context of decoding's length
     costs = summarize_costs(time_extend({"target": loaded.model}, context, {"target": range(1, depth + 2)}, args.cost_reps))

@@ -10,6 +10,7 @@ from tiny_hf import (
     WORDS,
     perturbed_copy,
     save_tiny_checkpoint,
+    save_tiny_eagle_draft,
     tiny_llama,
     tiny_t5,
     tiny_tokenizer,
@@ -20,7 +21,7 @@ from specdecode.core.sampling import SamplingParams
 from specdecode.decoding import generate
 from specdecode.models import wrap_hf_model
 from specdecode.native.fast import packing_available
-from specdecode.pipeline import Pipeline
+from specdecode.pipeline import Pipeline, verification_rows
 
 PROMPT = "the quick red fox runs to the river"  # 'fox' is not in the vocabulary: <unk>
 MAX_NEW = 12
@@ -41,6 +42,7 @@ def dirs(models, tmp_path_factory):
         "draft": save_tiny_checkpoint(root / "draft", models["near"], tokenizer),
         "t5": save_tiny_checkpoint(root / "t5", models["t5"], tokenizer),
         "no_chat": save_tiny_checkpoint(root / "no_chat", models["target"], tiny_tokenizer(chat_template=None)),
+        "eagle": save_tiny_eagle_draft(root / "eagle", models["target"], tokenizer),
     }
 
 
@@ -132,15 +134,27 @@ def test_packing_keeps_the_greedy_tokens(capsys, models, dirs, packing):
     assert record["token_ids"] == _expected_ids(models["target"], PROMPT)
 
 
-@pytest.mark.parametrize(("draft", "gamma", "rows"),
-                         [("none", 3, 1), (None, 3, 4), (None, None, 5), ("ngram", 1, 2), ("auto", None, 3), ("auto", 8, 3)])
-def test_the_target_layout_is_chosen_for_gamma_plus_one_tokens_per_call_three_with_auto(dirs, draft, gamma, rows):
-    draft = draft or str(dirs["draft"])  # a model draft: gamma defaults to DEFAULT_GAMMA = 4; auto drafts are short
-    target = Pipeline.load(str(dirs["target"]), draft, gamma).target.model
+@pytest.mark.parametrize(("draft", "gamma", "min_confidence", "rows"), [
+    ("none", 3, 0.6, 1), (None, 3, 0.6, 4), (None, None, 0.6, 5), ("ngram", 1, 0.6, 2), ("auto", None, 0.6, 6),
+    ("auto", 8, 0.6, 9), ("eagle", 5, 0.6, 3), ("eagle+ngram", 5, 0.6, 3), ("eagle", 1, 0.6, 2), ("eagle", 5, 0.0, 6),
+])
+def test_the_target_layout_is_chosen_for_gamma_plus_one_tokens_per_call_at_most_three_if_eagle_ends_early(
+    dirs, draft, gamma, min_confidence, rows
+):
+    # None: a model draft, gamma defaults to DEFAULT_GAMMA = 4; auto: prompt lookup here (no bundled draft),
+    # gamma 5; an EAGLE draft that ends early drafts short
+    draft = str(dirs["draft"]) if draft is None else draft.replace("eagle", str(dirs["eagle"]))
+    target = Pipeline.load(str(dirs["target"]), draft, gamma, min_confidence=min_confidence).target.model
     if rows == 1 or not packing_available(torch.float32):
         assert target.layout_choice is None  # one token: dual, the fastest single token, untimed
     else:
         assert target.layout_choice.rows == rows and target.packing == target.layout_choice.packing
+
+
+def test_auto_on_the_default_target_verifies_three_tokens_per_call_as_its_eagle_draft_ends_early():
+    assert verification_rows("auto", 5, 0.6) == 3 and verification_rows("bundled", 1, 0.6) == 2
+    assert verification_rows("auto", 5, 0.0) == 6 and verification_rows("auto", 5, 0.6, native=False) == 6  # ngram
+    assert verification_rows("none", 5, 0.6) == 1
 
 
 def test_pipeline_load_checks_gamma_before_loading(dirs):

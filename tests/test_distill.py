@@ -670,3 +670,42 @@ def test_eagle_distillation_resumes_to_the_same_draft_and_refuses_another_kinds_
     transformer_work = shutil.copytree(distilled[0], tmp_path / "transformer")  # its init.pt holds a transformer draft
     with pytest.raises(ValueError, match="another kind of draft"):
         distill(str(target), transformer_work, _data(prompts), EAGLE, EAGLE_TRAIN, held_out=0.25)
+
+
+def test_an_eagle_draft_trains_further_from_its_own_weights_and_head(eagle_distilled, tiny_target, tmp_path):
+    from specdecode.drafters.eagle import load_eagle
+
+    target, prompts = tiny_target
+    start_dir = eagle_distilled[0] / "draft"
+    start, start_ids, _ = load_eagle(start_dir)
+    other_head = dataclasses.replace(EAGLE, output_vocab=30)  # not used: the start's head stays
+    train = dataclasses.replace(EAGLE_TRAIN, epochs=1, depth=2, lr=1e-3)
+    report = distill(str(target), tmp_path, _data(prompts), other_head, train, held_out=0.25, continue_from=start_dir)
+    init = torch.load(tmp_path / "init.pt", weights_only=True)
+    for name, tensor in start.state_dict().items():  # training began at the saved draft's weights
+        assert torch.equal(init["model"][name], tensor), name
+    trained, trained_ids, _ = load_eagle(tmp_path / "draft")
+    assert torch.equal(trained_ids, start_ids) and torch.equal(trained.head_weight, start.head_weight)
+    assert not torch.equal(trained.fc.weight, start.fc.weight)
+    assert report["architecture"]["output_vocab"] == 40 and report["continue_from"]["directory"] == str(start_dir)
+    assert report["continue_from"]["held_out"] == eagle_distilled[1]["held_out"]["all"]
+    card = (tmp_path / "draft" / "README.md").read_text()
+    assert "Training started from the EAGLE draft in `draft` (held-out alpha there" in card
+    assert eagle_distilled[1]["command"] in card and "40 most likely target tokens" in card
+    with pytest.raises(ValueError, match="starts from .*draft, not from a fresh network"):
+        distill(str(target), tmp_path, _data(prompts), EAGLE, train, held_out=0.25)
+
+
+def test_a_draft_to_train_further_must_be_an_eagle_draft_of_the_targets_shape(distilled, tiny_target, tmp_path, capsys):
+    target, prompts = tiny_target
+    with pytest.raises(ValueError, match="continue_from: .* is not an EAGLE draft"):
+        distill(str(target), tmp_path / "a", _data(prompts), EAGLE, EAGLE_TRAIN, continue_from=distilled[0] / "draft")
+    with pytest.raises(ValueError, match="continue_from: .* was made for another target"):
+        distill(str(target), tmp_path / "b", _data(prompts), EAGLE, EAGLE_TRAIN, continue_from=bundled_draft_dir(DEFAULT_TARGET))
+    with pytest.raises(ValueError, match="continue_from trains an EAGLE draft further; it needs eagle=True"):
+        distill(str(target), tmp_path / "c", _data(prompts), ARCH, EAGLE_TRAIN, continue_from=distilled[0] / "draft")
+    for argv, message in [(["--continue-from", "bundled"], "--continue-from trains an EAGLE draft further; add --eagle"),
+                          (["--target", str(target), "--eagle", "--continue-from", "bundled"], "specdecode ships no draft for")]:
+        with pytest.raises(SystemExit) as exit_info:
+            main(["distill", "--out", str(tmp_path / "d"), *argv])
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err

@@ -22,7 +22,7 @@ import pytest
 import torch
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
-from tiny_hf import perturbed_copy, save_tiny_checkpoint, tiny_llama, tiny_tokenizer
+from tiny_hf import perturbed_copy, save_tiny_checkpoint, save_tiny_eagle_draft, tiny_llama, tiny_tokenizer
 
 from specdecode.cli import main
 from specdecode.core.sampling import SamplingParams
@@ -52,6 +52,7 @@ def dirs(tmp_path_factory):
     return {
         "target": save_tiny_checkpoint(root / "target", target, tokenizer),
         "draft": save_tiny_checkpoint(root / "draft", perturbed_copy(target, seed=21, scale=0.05), tokenizer),
+        "eagle": save_tiny_eagle_draft(root / "eagle", target, tokenizer),  # q uniform over 40 tokens
     }
 
 
@@ -291,6 +292,28 @@ def test_per_request_draft_and_gamma(client, reference, dirs, extra, draft, gamm
         assert spec["target_calls"] == 10 and spec["draft_tokens"] == 0 and spec["alpha"] is None
 
 
+def test_per_request_min_confidence_of_an_eagle_draft_and_the_servers_after_it(dirs, reference):
+    from specdecode.native import load_native
+
+    target = load_native(str(dirs["target"]))
+    pipeline = Pipeline(target, make_drafter(str(dirs["eagle"]), target, min_confidence=0.5), gamma=4)
+    with running(pipeline, ServerConfig(model_id=MODEL, max_prompt_tokens=MAX_PROMPT)) as server:
+        client = server.client()
+
+        def speculative(**extra) -> dict:
+            response = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=10, temperature=0, extra_body=extra)
+            assert response.choices[0].text == greedy(reference, text_ids(), 10)  # exact whatever the threshold
+            return response.usage.speculative
+
+        # q is 1/40 for every draft token: below 0.5 the draft ends after its first token, with 0 it never ends early
+        for extra, threshold in [({}, 0.5), ({"min_confidence": 0}, 0.0), ({}, 0.5), ({"min_confidence": 0.03}, 0.03)]:
+            spec = speculative(**extra)
+            assert spec["min_confidence"] == threshold
+            at_most_one_each = spec["draft_tokens"] <= spec["target_calls"]
+            assert at_most_one_each == (threshold > 1 / 40), (extra, spec)
+        assert speculative(draft="ngram")["min_confidence"] is None
+
+
 # --------------------------------------------------------------------------- errors
 
 
@@ -330,6 +353,8 @@ BAD_COMPLETIONS = [
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "invalid_value"),
     ({"gamma": 0}, "gamma", "invalid_value"),
     ({"draft": "bigram"}, "draft", "invalid_value"),
+    ({"min_confidence": 1.5}, "min_confidence", "invalid_value"),
+    ({"min_confidence": 0.5}, "min_confidence", "unsupported_value"),  # the served draft is no EAGLE draft
     ({"stream_options": {"include_usage": 1}}, "stream_options.include_usage", "invalid_type"),
 ]
 

@@ -209,3 +209,18 @@ def save_tiny_checkpoint(directory: str | Path, model: PreTrainedModel, tokenize
     if tokenizer is not None:
         tokenizer.save_pretrained(directory)
     return directory
+
+
+def save_tiny_eagle_draft(directory: str | Path, hf_target: PreTrainedModel, tokenizer, head_size: int = 40) -> Path:
+    """An EAGLE draft directory for hf_target: torch's default initialisation, a head of zeros over its first
+    head_size tokens (so q is uniform there: 1 / head_size for every token)."""
+    import dataclasses
+
+    from specdecode.drafters.eagle import save_eagle
+    from specdecode.native.eagle import EagleNetwork
+    from specdecode.native.loading import native_from_hf_model
+
+    config = dataclasses.replace(native_from_hf_model(hf_target, torch.float32).config, num_layers=1,
+                                 tie_word_embeddings=False)
+    save_eagle(Path(directory), EagleNetwork(config, head_size), torch.arange(head_size), "tiny", tokenizer, {})
+    return Path(directory)

@@ -36,7 +36,9 @@ DEFAULT_DRAFT = "auto"  # see AUTO_DRAFT
 AUTO_DRAFT = "bundled+ngram"
 AUTO_DRAFT_WITHOUT_BUNDLED = "ngram"
 AUTO_GAMMA = 5  # --gamma when not given with the 'auto' draft: the longest draft
-AUTO_ROWS_PER_CALL = 3  # 'auto' drafts are short (above), so the target's layout is timed for 3-token calls
+# EAGLE drafts that end early (min_confidence > 0) are short (above): the target's layout is timed for
+# calls of at most this many tokens with them
+EARLY_END_ROWS_PER_CALL = 3
 DEFAULT_GAMMA = 4  # --gamma when not given with any other draft
 # An EAGLE draft ends before gamma tokens after a token its own q gave less than this (EAGLE-2's
 # confidence; `EagleDrafter`). 0 drafts gamma tokens every call.
@@ -57,6 +59,23 @@ def bundled_draft_runs(target: str, native: bool) -> bool:
     """Whether `target` has a bundled draft that can run with it (an EAGLE draft needs the native engine)."""
     path = bundled_draft_dir(target)
     return path is not None and (native or not is_eagle_draft(path))
+
+
+def verification_rows(draft: str | None, gamma: int, min_confidence: float, target: str = DEFAULT_TARGET,
+                      native: bool = True) -> int:
+    """The tokens most target calls will feed with `draft` (what packing='auto' times the target's layout for).
+
+    1 without a draft; gamma + 1 with one, but at most EARLY_END_ROWS_PER_CALL with an EAGLE draft that ends
+    early (min_confidence > 0). native: whether the target runs on the native engine (see resolve_draft_name).
+    """
+    if draft in (None, "none"):
+        return 1
+    model_spec = resolve_draft_name(draft, target, native).removesuffix("+ngram")
+    if model_spec == "bundled":
+        model_spec = str(bundled_draft_dir(target) or "")
+    if min_confidence > 0 and model_spec and is_eagle_draft(model_spec):
+        return min(gamma + 1, EARLY_END_ROWS_PER_CALL)
+    return gamma + 1
 
 
 def default_gamma(draft: str | None) -> int:
@@ -163,13 +182,13 @@ class Pipeline:
 
         gamma None: default_gamma(draft). packing: the native target's layout of its linear layers
         (`specdecode.native.fast`); 'auto' picks the layout that runs rows_per_call tokens per target
-        call fastest on this machine (`NativeLM`). rows_per_call None: AUTO_ROWS_PER_CALL with the 'auto'
-        draft, gamma + 1 with another, 1 without one. min_confidence: an EAGLE draft's early end (`EagleDrafter`).
+        call fastest on this machine (`NativeLM`). rows_per_call None: `verification_rows`.
+        min_confidence: an EAGLE draft's early end (`EagleDrafter`).
         """
         gamma = default_gamma(draft) if gamma is None else check_gamma(gamma)  # before the (slow) load
         check_min_confidence(min_confidence)
         if rows_per_call is None:
-            rows_per_call = 1 if draft in (None, "none") else AUTO_ROWS_PER_CALL if draft == "auto" else gamma + 1
+            rows_per_call = verification_rows(draft, gamma, min_confidence, target, native=backend != "hf")
         loaded = backends.load(target, backend, packing, rows_per_call)
         if loaded.tokenizer is None:
             raise ValueError(f"target: {target} has no tokenizer, so it cannot take text prompts")

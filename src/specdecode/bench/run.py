@@ -28,7 +28,7 @@ from specdecode.bench.methods import FIT_CORPUS, LeaveOneOut, model_of, speculat
 from specdecode.bench.peers import Unavailable, hf_peers, is_hf_model
 from specdecode.bench.prompts import load_prompts, select, spread_subset
 from specdecode.bench.summary import summarize
-from specdecode.pipeline import Pipeline, make_drafter
+from specdecode.pipeline import Pipeline, make_drafter, verification_rows
 
 __all__ = ["run_bench", "write_outputs", "machine_description"]
 
@@ -94,9 +94,12 @@ def run_bench(config: BenchConfig, log: Callable[[str], None] = _warn) -> dict:
 
     prompts = select(load_prompts(cfg.prompts), cfg.per_category, cfg.categories)
     log(f"bench: loading {cfg.target} ({cfg.backend}) and drafts {', '.join(cfg.drafts)}")
-    # the target's layout is chosen for the headline gamma's verification; the baseline runs on the same one
+    # the target's layout is chosen for the per-category drafts' verification at the headline gamma (the most
+    # tokens per call any of them feeds); the baseline runs on the same one
+    rows = max((verification_rows(d, cfg.gamma, cfg.min_confidence, cfg.target, cfg.backend != "hf")
+                for d in cfg.category_drafts), default=cfg.gamma + 1)
     pipeline = Pipeline.load(cfg.target, draft="none", gamma=cfg.gamma, backend=cfg.backend, packing=cfg.packing,
-                             rows_per_call=cfg.gamma + 1)
+                             rows_per_call=rows)
     prompts, encoded, skipped, sweep = _prepare(cfg, pipeline, prompts, log)
     model_specs = [d for d in cfg.drafts if d not in STATISTICAL_DRAFTS]
     drafters = {spec: make_drafter(spec, pipeline.target, cfg.backend, cfg.min_confidence) for spec in model_specs}

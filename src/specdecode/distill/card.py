@@ -45,7 +45,7 @@ Forward KL to the target's top-k distribution (restricted to the head's vocabula
 {_timing(report)}
 
     {report['command']}
-
+{_starting_point(report.get("continue_from"))}
 ## Held-out acceptance (teacher forced)
 alpha greedy: share of positions where the draft's argmax is the target's; alpha T=1: mean of
 sum min(p, q) over the target's top-{data['top_k']} tokens (a lower bound); coverage: target mass the head can propose.
@@ -64,6 +64,18 @@ def _deeper(report: dict) -> str:
     cells = "; ".join(f"token {d}: {m['alpha_greedy']:.3f} / {m['alpha_t1']:.3f}" for d, m in sorted(deeper.items()))
     return (f"\nDeeper in a draft (all held-out positions, the draft tokens before them accepted; greedy / T=1): {cells}.\n"
             f"The first draft token reads the target's feature, later ones the network's own prediction of it.\n")
+
+
+def _starting_point(start: dict | None) -> str:
+    """Where a draft trained further (distill's continue_from) started, and how that draft was made."""
+    if not start:
+        return ""
+    alpha = start.get("held_out")
+    measured = (f" (held-out alpha there {alpha['alpha_greedy']:.3f} / {alpha['alpha_t1']:.3f}, greedy / T=1, on its own data)"
+                if alpha else "")
+    made = f", made with\n\n    {start['command']}\n" if start.get("command") else ".\n"
+    return (f"\nTraining started from the EAGLE draft in `{Path(start['directory']).name}`{measured} and its head{made}"
+            f"{_starting_point(start.get('continue_from'))}")
 
 
 def _fit(report: dict) -> str:

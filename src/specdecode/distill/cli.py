@@ -12,6 +12,7 @@ from pathlib import Path
 from specdecode.distill.data import DataConfig
 from specdecode.distill.recipe import DraftArchitecture, distill
 from specdecode.distill.train import TrainConfig
+from specdecode.drafters.distilled import bundled_draft_dir
 from specdecode.models.loading import DEFAULT_TARGET
 
 __all__ = ["add_parser", "run"]
@@ -29,6 +30,20 @@ def _layer_list(text: str) -> tuple[int, ...]:
         return tuple(int(part) for part in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated layer indices like 0,1,2, got {text!r}") from None
+
+
+def _continue_from(value: str | None, target: str, eagle: bool) -> Path | None:
+    """--continue-from's directory: 'bundled' is the target's bundled draft."""
+    if value is None:
+        return None
+    if not eagle:
+        raise ValueError("--continue-from trains an EAGLE draft further; add --eagle")
+    if value != "bundled":
+        return Path(value)
+    bundled = bundled_draft_dir(target)
+    if bundled is None:
+        raise ValueError(f"--continue-from bundled: specdecode ships no draft for {target}")
+    return bundled
 
 
 def add_parser(commands) -> argparse.ArgumentParser:
@@ -64,6 +79,9 @@ def add_parser(commands) -> argparse.ArgumentParser:
                       "(its final-norm outputs) and shares its embeddings and head rows; runs on the native engine only")
     arch.add_argument("--output-vocab", type=int, default=_DEFAULTS["output_vocab"],
                       help="head over the N most likely target tokens (q = 0 elsewhere); 0 = whole vocabulary")
+    arch.add_argument("--continue-from", metavar="DIR",
+                      help="with --eagle: train this EAGLE draft further (a draft directory, or 'bundled' for the "
+                      "target's bundled draft) instead of a fresh network; it keeps that draft's head")
     arch.add_argument("--init-from-target", action=argparse.BooleanOptionalAction, default=_DEFAULTS["init_from_target"],
                       help="initialise embeddings from a PCA of the target's (default on)")
     train = parser.add_argument_group("training")
@@ -104,11 +122,13 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                                deep_epochs=args.deep_epochs)
         if args.depth > 1 and not args.eagle:
             raise ValueError(f"--depth {args.depth} trains an EAGLE draft's deeper tokens; add --eagle")
+        continue_from = _continue_from(args.continue_from, args.target, args.eagle)
     except ValueError as error:
         parser.error(str(error))  # exits with status 2
     try:
         command = "specdecode " + shlex.join(sys.argv[1:]) if sys.argv[1:2] == ["distill"] else None
-        report = distill(args.target, args.out, data, architecture, training, held_out=args.held_out, command=command)
+        report = distill(args.target, args.out, data, architecture, training, held_out=args.held_out, command=command,
+                         continue_from=continue_from)
     except (ValueError, FileNotFoundError) as error:
         print(f"specdecode: error: {error}", file=sys.stderr)
         return 2

@@ -24,11 +24,12 @@ from tqdm.auto import tqdm
 
 from specdecode.distill.teacher import TeacherData
 from specdecode.distill.train import distill_loss, make_batches
+from specdecode.drafters.eagle import is_eagle_draft, load_eagle
 from specdecode.native.batched import decoder_stack
 from specdecode.native.eagle import EagleNetwork
 from specdecode.native.model import NativeTransformer
 
-__all__ = ["FEATURES_FILE", "sequence_key", "target_features", "init_eagle", "EagleObjective"]
+__all__ = ["FEATURES_FILE", "sequence_key", "target_features", "init_eagle", "eagle_from_draft", "EagleObjective"]
 
 FEATURES_FILE = "features.safetensors"
 
@@ -86,6 +87,25 @@ def init_eagle(target: NativeTransformer, output_ids: torch.Tensor, seed: int) -
     with torch.no_grad():
         network.head_weight.copy_(target.lm_head.weight[output_ids].to(torch.bfloat16))
     return network
+
+
+_SHAPE_FIELDS = ("hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "head_dim")
+
+
+def eagle_from_draft(directory: Path, target: NativeTransformer) -> tuple[EagleNetwork, torch.Tensor]:
+    """The network (float32) and output_ids [K] of an EAGLE draft directory, to train further for target.
+
+    Refused, naming continue_from, when it is not an EAGLE draft or its layer has another shape than target's.
+    """
+    if not is_eagle_draft(directory):
+        raise ValueError(f"continue_from: {directory} is not an EAGLE draft directory (made by specdecode distill --eagle)")
+    network, output_ids, _ = load_eagle(directory, torch.float32)
+    theirs = {name: getattr(network.config, name) for name in _SHAPE_FIELDS}
+    ours = {name: getattr(target.config, name) for name in _SHAPE_FIELDS}
+    if theirs != ours or int(output_ids.max()) >= target.config.vocab_size:
+        raise ValueError(f"continue_from: {directory} was made for another target ({theirs}, head up to token "
+                         f"{int(output_ids.max())}; this target: {ours}, vocabulary {target.config.vocab_size})")
+    return network, output_ids
 
 
 class EagleObjective:

@@ -25,9 +25,9 @@ import torch
 from specdecode.distill.data import DataConfig, build_data
 from specdecode.distill.teacher import TeacherData, load_teacher
 from specdecode.distill.card import model_card
-from specdecode.distill.eagle import EagleObjective, init_eagle, target_features
+from specdecode.distill.eagle import EagleObjective, eagle_from_draft, init_eagle, target_features
 from specdecode.distill.train import TrainConfig, evaluate, train
-from specdecode.drafters.distilled import build_draft_transformer, save_draft
+from specdecode.drafters.distilled import build_draft_transformer, read_draft_config, save_draft
 from specdecode.drafters.eagle import save_eagle
 from specdecode.native.eagle import EagleNetwork
 from specdecode.native.config import NativeConfig
@@ -180,29 +180,38 @@ def weight_count(model: torch.nn.Module) -> int:
 
 
 def _start_eagle(loaded, out: Path, data: TeacherData, train_indices: list[int],
-                 choose_output: Callable[[], torch.Tensor], seed: int):
+                 choose_output: Callable[[], torch.Tensor], seed: int, continue_from: Path | None = None):
     """An EAGLE network (from out/init.pt when resuming), its output_ids, the training objective (its depth set per
     epoch by the caller), and logits_on: logits_on(indices into data, d) gives the logits_fn `evaluate` takes for
     data.subset(indices) at draft depth d.
 
-    choose_output() gives the head's token ids of a fresh start; a resumed one reads them from init.pt.
+    choose_output() gives the head's token ids of a fresh start; a resumed one reads them from init.pt. With
+    continue_from (an EAGLE draft directory for this target) training starts from its weights and head instead.
 
     Reads (or first computes) the target's features of every sequence, and keeps the target's embedding table.
     """
     target = native_from_hf_model(loaded.hf_model, torch.float32)
-    features = target_features(target, data, out)
     init_path = out / "init.pt"
+    started_from = None if continue_from is None else str(continue_from)
     if init_path.is_file():  # resuming: the same start, whatever the RNG did since
         init = torch.load(init_path, weights_only=True)
         if init.get("kind") != "eagle":
             raise ValueError(f"{init_path} was written for another kind of draft; use another --out or drop --eagle")
+        if init.get("continue_from") != started_from:
+            raise ValueError(f"{init_path} starts from {init.get('continue_from') or 'a fresh network'}, not from "
+                             f"{started_from or 'a fresh network'}; use another --out")
         output_ids = init["output_ids"]
         network = init_eagle(target, output_ids, seed)
         network.load_state_dict(init["model"])
     else:
-        output_ids = choose_output()
-        network = init_eagle(target, output_ids, seed)
-        torch.save({"model": network.state_dict(), "output_ids": output_ids, "kind": "eagle"}, init_path)
+        if continue_from is None:
+            output_ids = choose_output()
+            network = init_eagle(target, output_ids, seed)
+        else:
+            network, output_ids = eagle_from_draft(continue_from, target)
+        torch.save({"model": network.state_dict(), "output_ids": output_ids, "kind": "eagle",
+                    "continue_from": started_from}, init_path)
+    features = target_features(target, data, out)
     embedding = target.embed.weight.detach()
     training = EagleObjective(network, embedding, [features[i] for i in train_indices])
 
@@ -210,6 +219,13 @@ def _start_eagle(loaded, out: Path, data: TeacherData, train_indices: list[int],
         return partial(EagleObjective(network, embedding, [features[i] for i in indices]).logits, depth=depth)
 
     return network, output_ids, training, logits_on
+
+
+def _starting_point(directory: Path) -> dict:
+    """What a draft trained further started from: its directory, training command, held-out alpha and own start."""
+    report = read_draft_config(directory).get("report", {})
+    return {"directory": str(directory), "command": report.get("command"),
+            "held_out": report.get("held_out", {}).get("all"), "continue_from": report.get("continue_from")}
 
 
 def distill(
@@ -220,14 +236,21 @@ def distill(
     train_config: TrainConfig = TrainConfig(),
     held_out: float = 0.08,
     command: str | None = None,
+    continue_from: str | Path | None = None,
 ) -> dict:
-    """Build the data, train the draft, evaluate it on held-out sequences, save it to out/draft. Returns the report."""
+    """Build the data, train the draft, evaluate it on held-out sequences, save it to out/draft. Returns the report.
+
+    continue_from: an EAGLE draft directory for this target (architecture.eagle) to train further instead of a
+    fresh network; it keeps that draft's head (architecture.output_vocab is not used).
+    """
     from specdecode.models.loading import load_model
 
     if not 0 < held_out < 1:
         raise ValueError(f"held_out must be in (0, 1), got {held_out}")
     if train_config.depth > 1 and not architecture.eagle:
         raise ValueError(f"depth={train_config.depth} trains an EAGLE draft's deeper positions; it needs eagle=True")
+    if continue_from is not None and not architecture.eagle:
+        raise ValueError("continue_from trains an EAGLE draft further; it needs eagle=True")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
@@ -252,6 +275,7 @@ def distill(
         model, output_ids, objective, logits_on = _start_eagle(
             loaded, out, data, train_indices,
             lambda: choose_output_ids(train_data, architecture.output_vocab, vocab_size, eos), train_config.seed,
+            None if continue_from is None else Path(continue_from),
         )
         train_loss = objective.loss
 
@@ -297,11 +321,14 @@ def distill(
         "train_sequences": len(train_data),
         "train_positions": train_data.num_positions(),
         "held_out_sequences": len(held),
+        "continue_from": None if continue_from is None else _starting_point(Path(continue_from)),
         "parameters": weight_count(model),
         "data_seconds": round(data_seconds, 1),
         "train_seconds": round(time.perf_counter() - train_started, 1),
         "data": asdict(data_config),
-        "architecture": asdict(architecture),
+        # a draft trained further keeps its starting point's head, whatever output_vocab said
+        "architecture": asdict(dataclasses.replace(architecture, output_vocab=int(output_ids.numel())))
+        if continue_from is not None else asdict(architecture),
         "training": asdict(train_config),
     }
     if architecture.eagle:

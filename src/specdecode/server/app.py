@@ -185,6 +185,9 @@ def _generation_request(
         raise APIError(400, f"{prompt_param}: the prompt has {len(prompt_ids)} tokens, more than the limit of {limit}",
                        param=prompt_param, code="context_length_exceeded")
     draft = engine.resolve_draft(body.draft)
+    if body.min_confidence is not None and engine.min_confidence(draft) is None:
+        raise APIError(400, f"min_confidence: draft {draft!r} has no early end; it applies to EAGLE drafts only",
+                       param="min_confidence", code="unsupported_value")
     sampling = SamplingParams(
         temperature=1.0 if body.temperature is None else body.temperature,
         top_k=body.top_k or None,
@@ -201,6 +204,7 @@ def _generation_request(
         seed=seed,
         draft=draft,
         gamma=body.gamma or engine.pipeline.gamma,
+        min_confidence=body.min_confidence if body.min_confidence is not None else engine.min_confidence(draft),
     )
 
 
@@ -212,7 +216,7 @@ def _usage(request: GenerationRequest, done: Finished) -> Usage:
         completion_tokens=completion,
         total_tokens=len(request.prompt_ids) + completion,
         speculative=SpeculativeUsage(
-            draft=request.draft, gamma=stats.gamma, target_calls=stats.target_calls, draft_tokens=stats.draft_tokens,
+            draft=request.draft, gamma=stats.gamma, min_confidence=request.min_confidence, target_calls=stats.target_calls, draft_tokens=stats.draft_tokens,
             accepted_tokens=stats.accepted_tokens, mean_accepted=stats.mean_accepted, alpha=stats.alpha,
             seconds=stats.seconds, tokens_per_s=stats.tokens_per_s,
         ),

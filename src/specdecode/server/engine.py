@@ -10,7 +10,8 @@ import torch
 
 from specdecode.core.sampling import SamplingParams
 from specdecode.decoding import TokenStream
-from specdecode.drafters import Drafter, PromptLookupDrafter
+from specdecode.drafters import Drafter, LookupThenModelDrafter, PromptLookupDrafter
+from specdecode.drafters.eagle import EagleDrafter
 from specdecode.pipeline import Pipeline, incremental_text
 from specdecode.server.errors import APIError
 from specdecode.server.worker import Delta, Finished, Job
@@ -31,6 +32,7 @@ class GenerationRequest:
     seed: int
     draft: str  # canonical drafter name: a key of Engine.drafters
     gamma: int
+    min_confidence: float | None = None  # the EAGLE draft's early end for this request; None: the server's
 
 
 def finish_reason(reason: str) -> str:
@@ -52,6 +54,9 @@ class Engine:
         self.drafters: dict[str, Drafter | None] = {NO_DRAFT: None, ngram.name: ngram, self.default_draft: configured}
         self._aliases = {"ngram": ngram.name, "default": self.default_draft}
         self._aliases.update({alias: self.default_draft for alias in draft_aliases if alias})
+        # each drafter's early-end threshold as configured (None: no EAGLE draft); a request may set its own
+        self._min_confidence = {name: None if (eagle := _eagle_part(d)) is None else eagle.min_confidence
+                                for name, d in self.drafters.items()}
 
     @property
     def tokenizer(self):
@@ -64,6 +69,10 @@ class Engine:
     @property
     def context_length(self) -> int:
         return self.pipeline.target.model.max_length
+
+    def min_confidence(self, draft: str) -> float | None:
+        """The server's early-end threshold of drafter `draft` (a key of drafters), None if it has no EAGLE draft."""
+        return self._min_confidence[draft]
 
     def draft_names(self) -> list[str]:
         return sorted(set(self.drafters) | set(self._aliases))
@@ -115,22 +124,36 @@ class Engine:
     def run(self, job: Job) -> None:
         """Generate for `job`, emitting text deltas and then `Finished` (or stopping when it is cancelled)."""
         request: GenerationRequest = job.request  # type: ignore[assignment]
-        pipe = replace(self.pipeline, drafter=self.drafters[request.draft], gamma=request.gamma)
-        tokens = pipe.stream(
-            torch.tensor(request.prompt_ids, dtype=torch.long),
-            max_new_tokens=request.max_tokens,
-            sampling=request.sampling,
-            stop=request.stop,
-            seed=request.seed,
-        )
-        pieces = []
-        for piece in incremental_text(pipe, _chunks(tokens, job), request.stop):
-            pieces.append(piece)
-            job.emit(Delta(piece))
+        drafter = self.drafters[request.draft]
+        eagle = _eagle_part(drafter)
+        if eagle is not None and request.min_confidence is not None:  # this request's, then the server's again
+            eagle.min_confidence = request.min_confidence
+        try:
+            pipe = replace(self.pipeline, drafter=drafter, gamma=request.gamma)
+            tokens = pipe.stream(
+                torch.tensor(request.prompt_ids, dtype=torch.long),
+                max_new_tokens=request.max_tokens,
+                sampling=request.sampling,
+                stop=request.stop,
+                seed=request.seed,
+            )
+            pieces = []
+            for piece in incremental_text(pipe, _chunks(tokens, job), request.stop):
+                pieces.append(piece)
+                job.emit(Delta(piece))
+        finally:
+            if eagle is not None:
+                eagle.min_confidence = self._min_confidence[request.draft]
         if tokens.result is None:  # cancelled between two chunks
             job.end_cancelled()
             return
         job.emit(Finished("".join(pieces), tokens.result))
+
+
+def _eagle_part(drafter: Drafter | None) -> EagleDrafter | None:
+    """The EAGLE draft of a drafter (itself, or the model part of prompt lookup + model), else None."""
+    inner = drafter.model if isinstance(drafter, LookupThenModelDrafter) else drafter
+    return inner if isinstance(inner, EagleDrafter) else None
 
 
 def _chunks(tokens: TokenStream, job: Job) -> Iterator[list[int]]:

@@ -1,8 +1,8 @@
 """Pydantic models of every request and response body (OpenAI's shapes, plus documented extensions).
 
 Requests are strict (no type coercion) and forbid unknown fields. Extensions beyond
-OpenAI's API: `draft` ("ngram", "none", or the server's configured draft), `gamma`
-and `top_k` in requests; `usage.speculative` in responses.
+OpenAI's API: `draft` ("ngram", "none", or the server's configured draft), `gamma`,
+`min_confidence` and `top_k` in requests; `usage.speculative` in responses.
 """
 
 from __future__ import annotations
@@ -66,6 +66,11 @@ class GenerationFields(_Strict):
     # extensions
     draft: str | None = Field(None, description="'ngram', 'none' or the server's configured draft (its name or 'default')")
     gamma: int | None = Field(None, ge=1, le=MAX_GAMMA, description="draft tokens per target call")
+    min_confidence: float | None = Field(
+        None, ge=0.0, le=1.0,
+        description="an EAGLE draft ends after a token its q gave less than this (0: always gamma tokens); "
+        "null: the server's setting",
+    )
     top_k: int | None = Field(None, ge=0, description="keep the k most likely tokens (0: all)")
 
     @field_validator("n")
@@ -124,6 +129,7 @@ class SpeculativeUsage(BaseModel):
 
     draft: str
     gamma: int
+    min_confidence: float | None = Field(description="the EAGLE draft's early-end threshold; null for other drafts")
     target_calls: int
     draft_tokens: int
     accepted_tokens: int
