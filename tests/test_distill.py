@@ -303,9 +303,12 @@ def test_response_shards_of_other_prompts_are_refused(distilled, tiny_target, tm
 
 def test_model_card_names_the_categories_its_draft_was_trained_on():
     report = json.loads((bundled_draft_dir(DEFAULT_TARGET) / "draft_config.json").read_text())["report"]
-    report["held_out"] = {name: report["held_out"][name] for name in ("all", "coding", "text")}
-    data_section = model_card(report).split("## Data")[1].split("##")[0]
-    assert "(coding: HumanEval)" in data_section and "translation" not in data_section
+    report["held_out"] = {name: report["held_out"][name] for name in ("all", "coding")}
+    for documents in (0, 600):
+        report["data"]["text_documents"] = documents
+        data_section = model_card(report).split("## Data")[1].split("##")[0]
+        assert "(coding: HumanEval)" in data_section and "translation" not in data_section
+        assert ("natural-text" in data_section) == (documents > 0)
 
 
 @pytest.mark.parametrize(

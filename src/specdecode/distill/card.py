@@ -34,8 +34,8 @@ Its q is exactly zero outside its output vocabulary, so verification stays exact
 
 ## Data
 The target's own responses (chat template; {data['sample_fraction']:.0%} of batches sampled at temperature 1, the rest greedy,
-up to {data['max_new_tokens']} new tokens) to {prompts}, plus
-{data['text_documents']} natural-text XSum articles; the target's top-{data['top_k']} log-probabilities at every position.
+up to {data['max_new_tokens']} new tokens) to {prompts}{_texts(data)}; the target's top-{data['top_k']} log-probabilities
+at every position.
 Never the evaluation prompts (`spec_bench_dev.jsonl`). {report['train_sequences']} training sequences
 ({report['train_positions']:,} scored positions), {report['held_out_sequences']} held out. Seed {data['seed']}.
 
@@ -87,6 +87,11 @@ def _fit(report: dict) -> str:
     return (f"\nOn {sequences} training sequences ({fit['positions']} positions) the same draft has alpha "
             f"greedy {fit['alpha_greedy']:.3f} and T=1 {fit['alpha_t1']:.3f};\nthe gap to the held-out alpha is the part "
             f"of its fit that does not carry over to new sequences.\n")
+
+
+def _texts(data: dict) -> str:
+    """The natural text next to the responses, if any."""
+    return f", plus\n{data['text_documents']} natural-text XSum articles" if data["text_documents"] else ""
 
 
 def _categories(held_out: dict) -> str:
