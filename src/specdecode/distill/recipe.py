@@ -251,6 +251,7 @@ def distill(
         raise ValueError(f"depth={train_config.depth} trains an EAGLE draft's deeper positions; it needs eagle=True")
     if continue_from is not None and not architecture.eagle:
         raise ValueError("continue_from trains an EAGLE draft further; it needs eagle=True")
+    continue_from = None if continue_from is None else Path(continue_from)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
@@ -275,7 +276,7 @@ def distill(
         model, output_ids, objective, logits_on = _start_eagle(
             loaded, out, data, train_indices,
             lambda: choose_output_ids(train_data, architecture.output_vocab, vocab_size, eos), train_config.seed,
-            None if continue_from is None else Path(continue_from),
+            continue_from,
         )
         train_loss = objective.loss
 
@@ -309,6 +310,9 @@ def distill(
     # as many training sequences as held out: how far the held-out alpha is from what training fits
     sample = sorted(random.Random(data_config.seed).sample(train_indices, min(len(held), len(train_indices))))
 
+    if continue_from is not None:  # a draft trained further keeps its starting point's head, whatever output_vocab said
+        architecture = dataclasses.replace(architecture, output_vocab=int(output_ids.numel()))
+
     def score(indices: list[int], depth: int = 1) -> dict:
         logits_fn = None if logits_on is None else logits_on(indices, depth)
         return evaluate(model, data.subset(indices), output_index, train_config.batch_tokens, logits_fn)
@@ -321,14 +325,12 @@ def distill(
         "train_sequences": len(train_data),
         "train_positions": train_data.num_positions(),
         "held_out_sequences": len(held),
-        "continue_from": None if continue_from is None else _starting_point(Path(continue_from)),
+        "continue_from": None if continue_from is None else _starting_point(continue_from),
         "parameters": weight_count(model),
         "data_seconds": round(data_seconds, 1),
         "train_seconds": round(time.perf_counter() - train_started, 1),
         "data": asdict(data_config),
-        # a draft trained further keeps its starting point's head, whatever output_vocab said
-        "architecture": asdict(dataclasses.replace(architecture, output_vocab=int(output_ids.numel())))
-        if continue_from is not None else asdict(architecture),
+        "architecture": asdict(architecture),
         "training": asdict(train_config),
     }
     if architecture.eagle:

@@ -216,7 +216,8 @@ def _usage(request: GenerationRequest, done: Finished) -> Usage:
         completion_tokens=completion,
         total_tokens=len(request.prompt_ids) + completion,
         speculative=SpeculativeUsage(
-            draft=request.draft, gamma=stats.gamma, min_confidence=request.min_confidence, target_calls=stats.target_calls, draft_tokens=stats.draft_tokens,
+            draft=request.draft, gamma=stats.gamma, min_confidence=request.min_confidence,
+            target_calls=stats.target_calls, draft_tokens=stats.draft_tokens,
             accepted_tokens=stats.accepted_tokens, mean_accepted=stats.mean_accepted, alpha=stats.alpha,
             seconds=stats.seconds, tokens_per_s=stats.tokens_per_s,
         ),
