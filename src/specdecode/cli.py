@@ -83,7 +83,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
                         help="an EAGLE draft (the bundled one) ends before gamma tokens after a token it gave a probability "
                              f"below this (default {DEFAULT_MIN_CONFIDENCE}; 0 always drafts gamma)")
     parser.add_argument("--backend", choices=BACKENDS, default="auto", help="engine: native (fast PyTorch Llama/Qwen2), hf (transformers), auto (default: native where supported)")
-    parser.add_argument("--packing", choices=PACKINGS, default="auto", help="native engine's layout of the target's linear layers: auto (default: with a draft, whichever of dual and none verifies gamma+1 tokens (3 with --draft auto) faster here, timed once per machine and cached; without one dual, the fastest single token), none (plain weights), packed (oneDNN), dual (both)")
+    parser.add_argument("--packing", choices=PACKINGS, default="auto", help="native engine's layout of the target's linear layers: auto (default: with a draft, whichever of dual and none verifies gamma+1 tokens (at most 3 with an EAGLE draft that ends early, as --draft auto's does) faster here, timed once per machine and cached; without one dual, the fastest single token), none (plain weights), packed (oneDNN), dual (both)")
 
 
 def main(argv: list[str] | None = None) -> int:
