@@ -40,7 +40,8 @@ from specdecode.core.sampling import SamplingParams  # noqa: E402
 from specdecode.distill.eagle import EagleObjective  # noqa: E402
 from specdecode.distill.teacher import TeacherData  # noqa: E402
 from specdecode.distill.train import make_batches  # noqa: E402
-from specdecode.drafters.eagle import EagleDrafter, check_min_confidence, load_eagle  # noqa: E402
+from specdecode.drafters.base import check_min_confidence  # noqa: E402
+from specdecode.drafters.eagle import EagleDrafter, load_eagle  # noqa: E402
 from specdecode.drafters.prompt_lookup import find_continuation  # noqa: E402
 from specdecode.pipeline import EARLY_END_ROWS_PER_CALL, eagle_drafter  # noqa: E402
 

@@ -21,7 +21,8 @@ from specdecode.core.sampling import SamplingParams
 from specdecode.decoding import generate
 from specdecode.models import wrap_hf_model
 from specdecode.native.fast import packing_available
-from specdecode.pipeline import Pipeline, verification_rows
+from specdecode.drafters.distilled import bundled_draft_dir
+from specdecode.pipeline import Pipeline, draft_model_part, verification_rows
 
 PROMPT = "the quick red fox runs to the river"  # 'fox' is not in the vocabulary: <unk>
 MAX_NEW = 12
@@ -135,14 +136,15 @@ def test_packing_keeps_the_greedy_tokens(capsys, models, dirs, packing):
 
 
 @pytest.mark.parametrize(("draft", "gamma", "min_confidence", "rows"), [
-    ("none", 3, 0.6, 1), (None, 3, 0.6, 4), (None, None, 0.6, 5), ("ngram", 1, 0.6, 2), ("auto", None, 0.6, 6),
-    ("auto", 8, 0.6, 9), ("eagle", 5, 0.6, 3), ("eagle+ngram", 5, 0.6, 3), ("eagle", 1, 0.6, 2), ("eagle", 5, 0.0, 6),
+    ("none", 3, 0.6, 1), (None, 3, 0.0, 4), (None, None, 0.0, 5), (None, 4, 0.6, 3), (None, 1, 0.6, 2),
+    ("ngram", 1, 0.6, 2), ("auto", None, 0.6, 6), ("auto", 8, 0.6, 9), ("eagle", 5, 0.6, 3), ("eagle+ngram", 5, 0.6, 3),
+    ("eagle", 1, 0.6, 2), ("eagle", 5, 0.0, 6),
 ])
-def test_the_target_layout_is_chosen_for_gamma_plus_one_tokens_per_call_at_most_three_if_eagle_ends_early(
+def test_the_target_layout_is_chosen_for_gamma_plus_one_tokens_per_call_at_most_three_if_drafts_end_early(
     dirs, draft, gamma, min_confidence, rows
 ):
     # None: a model draft, gamma defaults to DEFAULT_GAMMA = 4; auto: prompt lookup here (no bundled draft),
-    # gamma 5; an EAGLE draft that ends early drafts short
+    # gamma 5; a draft model (EAGLE or not) that ends early drafts short
     draft = str(dirs["draft"]) if draft is None else draft.replace("eagle", str(dirs["eagle"]))
     target = Pipeline.load(str(dirs["target"]), draft, gamma, min_confidence=min_confidence).target.model
     if rows == 1 or not packing_available(torch.float32):
@@ -155,6 +157,17 @@ def test_auto_on_the_default_target_verifies_three_tokens_per_call_as_its_eagle_
     assert verification_rows("auto", 5, 0.6) == 3 and verification_rows("bundled", 1, 0.6) == 2
     assert verification_rows("auto", 5, 0.0) == 6 and verification_rows("auto", 5, 0.6, native=False) == 6  # ngram
     assert verification_rows("none", 5, 0.6) == 1
+
+
+def test_draft_model_part_names_the_model_a_draft_runs(dirs):
+    bundled = str(bundled_draft_dir("smollm2-135m-instruct"))
+    assert draft_model_part("auto") == draft_model_part("bundled+ngram") == draft_model_part("bundled") == bundled
+    assert draft_model_part("auto", native=False) is None  # prompt lookup: the EAGLE draft needs the native engine
+    assert draft_model_part("ngram") is None and draft_model_part("none") is None
+    assert draft_model_part("some/dir+ngram") == "some/dir"
+    assert draft_model_part("auto", str(dirs["target"])) is None  # no bundled draft: prompt lookup
+    with pytest.raises(ValueError, match="no bundled draft"):
+        verification_rows("bundled", 4, 0.6, str(dirs["target"]))  # before the target is loaded
 
 
 def test_pipeline_load_checks_gamma_before_loading(dirs):

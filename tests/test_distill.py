@@ -439,7 +439,7 @@ def test_lookup_then_model_prefers_the_lookup_on_repeats_and_stays_greedy_exact(
     from specdecode.backends import load
 
     target = load(str(target_dir), "native")
-    drafter = make_drafter(f"{draft_dir}+ngram", target, "native")
+    drafter = make_drafter(f"{draft_dir}+ngram", target, "native", min_confidence=0.0)  # full drafts
     assert isinstance(drafter, LookupThenModelDrafter) and isinstance(drafter.model, ModelDrafter)
     greedy = SamplingParams(0.0)
     prompt = torch.tensor([5, 6, 7, 8, 9, 10, 11])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,12 +22,18 @@ def _script():
     return load_script("draft_length_replay")
 
 
-def test_replay_makes_the_target_calls_greedy_decoding_makes(eagle_distilled, tiny_target, tmp_path, capsys):  # noqa: F811
-    target, _ = tiny_target
-    draft = eagle_distilled[0] / "draft"
+def spec_bench_style_prompts(tmp_path: Path) -> tuple[list[dict], Path]:
+    """Eight word prompts ({'category', 'prompt'} rows) and the same as a Spec-Bench-style JSONL file."""
     rows = [json.loads(line) for line in _prompt_file(tmp_path / "words.jsonl", count=8, seed=7).read_text().splitlines()]
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("\n".join(json.dumps({"category": r["category"], "turns": [r["prompt"]]}) for r in rows))
+    return rows, prompts
+
+
+def test_replay_makes_the_target_calls_greedy_decoding_makes(eagle_distilled, tiny_target, tmp_path, capsys):  # noqa: F811
+    target, _ = tiny_target
+    draft = eagle_distilled[0] / "draft"
+    rows, prompts = spec_bench_style_prompts(tmp_path)
     out = tmp_path / "out"
     script = _script()
     results = script.main(["--target", str(target), "--draft", str(draft), "--prompts", str(prompts), "--out", str(out),

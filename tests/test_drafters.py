@@ -109,3 +109,36 @@ def test_model_drafter_with_a_short_context_stops_drafting_instead_of_failing():
     expected = generate(TableModel(16, 0), [0, 1], max_new_tokens=20, sampling=GREEDY)
     assert result.token_ids == expected.token_ids
     assert result.stats.draft_tokens <= 8
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_model_drafter_ends_its_draft_after_the_first_token_its_q_gave_less_than_min_confidence(temperature):
+    """The draft is the full draft's prefix up to and including the first token whose q (at T=0 the softmax of
+    the logits) is below min_confidence; the q it reports for the tokens it keeps are unchanged, and it feeds
+    its model none of the tokens after that one."""
+    sampling = SamplingParams(temperature)
+
+    def proposal(min_confidence: float) -> tuple[ModelDrafter, object]:
+        drafter = ModelDrafter(TableModel(8, 5), min_confidence=min_confidence)
+        drafter.start(ids(0, 1))
+        return drafter, drafter.propose(ids(2), 6, sampling, torch.Generator().manual_seed(0))
+
+    _, full = proposal(0.0)
+    context = [0, 1, 2] + full.tokens.tolist()
+    confidences = [float(torch.softmax(TableModel(8, 5).logits_after(context[: 3 + i]), dim=-1)[token])
+                   for i, token in enumerate(full.tokens.tolist())]  # q at T=1 and at T=0
+    assert len(full) == 6
+    for threshold in sorted(confidences)[:4]:
+        ends = next((i + 1 for i, c in enumerate(confidences) if c < threshold), 6)
+        drafter, draft = proposal(threshold)
+        assert draft.tokens.tolist() == full.tokens[:ends].tolist(), f"threshold {threshold}"
+        assert drafter.model.num_generated == 1 + ends - 1  # the generated token and all draft tokens but the last
+        if not sampling.greedy:
+            torch.testing.assert_close(draft.probs, full.probs[:ends])
+    assert len(proposal(1.0)[1]) == 1  # no q of a random table reaches 1
+
+
+@pytest.mark.parametrize("value", [-0.1, 1.5, True, "0.5"])
+def test_model_drafter_min_confidence_must_be_a_probability(value):
+    with pytest.raises(ValueError, match="min_confidence"):
+        ModelDrafter(TableModel(4, 0), min_confidence=value)

@@ -152,6 +152,9 @@ CASES = {
         3,
         2,
     ),
+    "model draft ending early (min-confidence 0.4)": (
+        dict(), lambda v: ModelDrafter(TableModel(v, 1), min_confidence=0.4), SamplingParams(1.0), 8, 3, 3
+    ),
     "one-hot draft": (dict(), lambda v: SuccessorDrafter(v), SamplingParams(0.9), 8, 3, 2),
     "prompt lookup": (dict(), lambda v: PromptLookupDrafter(max_ngram=2), SamplingParams(1.0), 4, 6, 4),
     "reduced-vocabulary draft": (dict(), lambda v: _reduced_table_draft(v, [1, 3, 4, 6]), SamplingParams(1.0), 8, 3, 2),

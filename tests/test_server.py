@@ -27,7 +27,7 @@ from tiny_hf import perturbed_copy, save_tiny_checkpoint, save_tiny_eagle_draft,
 from specdecode.cli import main
 from specdecode.core.sampling import SamplingParams
 from specdecode.models.loading import LoadedModel, load_model
-from specdecode.pipeline import Pipeline, make_drafter
+from specdecode.pipeline import DEFAULT_MIN_CONFIDENCE, Pipeline, make_drafter
 from specdecode.server import Server, ServerConfig, create_app
 
 MODEL = "tiny-llama"
@@ -176,6 +176,7 @@ def test_models_and_health(served, client):
     health = httpx.get(f"{served.url}/health")
     assert health.status_code == 200
     assert health.json()["status"] == "ok" and health.json()["model"] == MODEL
+    assert health.json()["gamma"] == 4 and health.json()["min_confidence"] == DEFAULT_MIN_CONFIDENCE
 
 
 def test_completion_is_the_greedy_continuation(client, reference, dirs):
@@ -314,6 +315,20 @@ def test_per_request_min_confidence_of_an_eagle_draft_and_the_servers_after_it(d
         assert speculative(draft="ngram")["min_confidence"] is None
 
 
+def test_per_request_min_confidence_of_a_model_draft(served, client, reference):
+    """A draft model's early end per request: 1 ends every draft after its first token (no q reaches 1), 0 drafts
+    gamma tokens every call; the text is the greedy one either way."""
+    def speculative(threshold: float) -> dict:
+        response = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=10, temperature=0,
+                                             extra_body={"min_confidence": threshold})
+        assert response.choices[0].text == greedy(reference, text_ids(), 10)
+        return response.usage.speculative
+
+    one_each, full = speculative(1.0), speculative(0.0)
+    assert one_each["min_confidence"] == 1.0 and one_each["draft_tokens"] == one_each["target_calls"] - 1
+    assert full["min_confidence"] == 0.0 and full["draft_tokens"] > full["target_calls"]
+
+
 # --------------------------------------------------------------------------- errors
 
 
@@ -354,7 +369,7 @@ BAD_COMPLETIONS = [
     ({"gamma": 0}, "gamma", "invalid_value"),
     ({"draft": "bigram"}, "draft", "invalid_value"),
     ({"min_confidence": 1.5}, "min_confidence", "invalid_value"),
-    ({"min_confidence": 0.5}, "min_confidence", "unsupported_value"),  # the served draft is no EAGLE draft
+    ({"draft": "ngram", "min_confidence": 0.5}, "min_confidence", "unsupported_value"),  # prompt lookup has no q
     ({"stream_options": {"include_usage": 1}}, "stream_options.include_usage", "invalid_type"),
 ]
 

@@ -14,7 +14,7 @@ from specdecode.core.sampling import SamplingParams
 from specdecode.distill import cli as distill_cli
 from specdecode.decoding import GenerationResult, GenerationStats
 from specdecode.models.loading import DEFAULT_TARGET
-from specdecode.drafters.eagle import check_min_confidence
+from specdecode.drafters.base import check_min_confidence
 from specdecode.pipeline import AUTO_GAMMA, DEFAULT_DRAFT, DEFAULT_GAMMA, DEFAULT_MIN_CONFIDENCE, Pipeline, incremental_text
 
 __all__ = ["main", "build_parser"]
@@ -80,10 +80,10 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft", default=DEFAULT_DRAFT, help="draft: 'auto' (default: 'bundled+ngram' where the target has a bundled draft, else 'ngram'), 'ngram' (prompt lookup), 'bundled', 'bundled+ngram', 'none' (target alone), or a model path/id (add '+ngram' to prefer prompt lookup on repeats)")
     parser.add_argument("--gamma", type=_gamma, default=None, help=f"the most draft tokens per target call (default {AUTO_GAMMA} with --draft auto, else {DEFAULT_GAMMA})")
     parser.add_argument("--min-confidence", type=_min_confidence, default=DEFAULT_MIN_CONFIDENCE,
-                        help="an EAGLE draft (the bundled one) ends before gamma tokens after a token it gave a probability "
-                             f"below this (default {DEFAULT_MIN_CONFIDENCE}; 0 always drafts gamma)")
+                        help="a draft model (the bundled EAGLE draft, a draft path) ends its draft before gamma tokens after a "
+                             f"token it gave a probability below this (default {DEFAULT_MIN_CONFIDENCE}; 0 always drafts gamma)")
     parser.add_argument("--backend", choices=BACKENDS, default="auto", help="engine: native (fast PyTorch Llama/Qwen2), hf (transformers), auto (default: native where supported)")
-    parser.add_argument("--packing", choices=PACKINGS, default="auto", help="native engine's layout of the target's linear layers: auto (default: with a draft, whichever of dual and none verifies gamma+1 tokens (at most 3 with an EAGLE draft that ends early, as --draft auto's does) faster here, timed once per machine and cached; without one dual, the fastest single token), none (plain weights), packed (oneDNN), dual (both)")
+    parser.add_argument("--packing", choices=PACKINGS, default="auto", help="native engine's layout of the target's linear layers: auto (default: with a draft, whichever of dual and none verifies gamma+1 tokens (at most 3 with a draft model that ends early, as --draft auto's does) faster here, timed once per machine and cached; without one dual, the fastest single token), none (plain weights), packed (oneDNN), dual (both)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,7 +12,8 @@ from specdecode.core.sampling import SamplingParams
 from specdecode.decoding import GenerationResult, TokenStream, check_gamma, stream
 from specdecode.drafters import Drafter, LookupThenModelDrafter, ModelDrafter, PromptLookupDrafter
 from specdecode.drafters.distilled import bundled_draft_dir, is_distilled_draft, load_distilled, saved_tokenizer
-from specdecode.drafters.eagle import EagleDrafter, check_min_confidence, is_eagle_draft, load_eagle
+from specdecode.drafters.base import check_min_confidence
+from specdecode.drafters.eagle import EagleDrafter, is_eagle_draft, load_eagle
 from specdecode.native.engine import NativeLM
 from specdecode.native.quant import int8_kernel_available
 from specdecode.models.compat import check_vocabularies
@@ -20,8 +21,8 @@ from specdecode import backends
 from specdecode.models.loading import DEFAULT_TARGET, LoadedModel
 from specdecode.native.loading import end_of_sequence_ids
 
-__all__ = ["Pipeline", "StopStrings", "DEFAULT_DRAFT", "make_drafter", "resolve_draft_name", "bundled_draft_runs",
-           "default_gamma"]
+__all__ = ["Pipeline", "StopStrings", "DEFAULT_DRAFT", "make_drafter", "resolve_draft_name", "draft_model_part",
+           "bundled_draft_runs", "default_gamma"]
 
 DEFAULT_DRAFT = "auto"  # see AUTO_DRAFT
 # What 'auto' means: the target's bundled distilled draft (for the default target an EAGLE draft, which
@@ -36,12 +37,14 @@ DEFAULT_DRAFT = "auto"  # see AUTO_DRAFT
 AUTO_DRAFT = "bundled+ngram"
 AUTO_DRAFT_WITHOUT_BUNDLED = "ngram"
 AUTO_GAMMA = 5  # --gamma when not given with the 'auto' draft: the longest draft
-# EAGLE drafts that end early (min_confidence > 0) are short (above): the target's layout is timed for
-# calls of at most this many tokens with them
+# Drafts that end early (min_confidence > 0) are short (above): the target's layout is timed for calls of at
+# most this many tokens with them
 EARLY_END_ROWS_PER_CALL = 3
 DEFAULT_GAMMA = 4  # --gamma when not given with any other draft
-# An EAGLE draft ends before gamma tokens after a token its own q gave less than this (EAGLE-2's
-# confidence; `EagleDrafter`). 0 drafts gamma tokens every call.
+# A draft model ends before gamma tokens after a token its own q gave less than this (EAGLE-2's
+# confidence; `drafters.base.unsure`). 0 drafts gamma tokens every call. For a draft cut from the default
+# target (c ~ 0.1) at gamma 4 it took Spec-Bench from 0.92x to 1.11x at T=0, 0.88x to 1.10x at T=1
+# (docs/benchmarks.md).
 DEFAULT_MIN_CONFIDENCE = 0.6
 
 
@@ -61,19 +64,32 @@ def bundled_draft_runs(target: str, native: bool) -> bool:
     return path is not None and (native or not is_eagle_draft(path))
 
 
+def draft_model_part(spec: str, target: str = DEFAULT_TARGET, native: bool = True) -> str | None:
+    """The draft model a draft name runs: 'auto' resolved, '+ngram' dropped, 'bundled' as the bundled draft's
+    directory; None for 'none' and 'ngram', which run no model. native: see resolve_draft_name."""
+    if spec == "none":
+        return None
+    model_spec = resolve_draft_name(spec, target, native).removesuffix("+ngram")
+    if model_spec == "ngram":
+        return None
+    if model_spec == "bundled":
+        path = bundled_draft_dir(target)
+        if path is None:
+            raise ValueError(f"draft: no bundled draft for target {target!r}; use 'ngram' or a model path")
+        return str(path)
+    return model_spec
+
+
 def verification_rows(draft: str | None, gamma: int, min_confidence: float, target: str = DEFAULT_TARGET,
                       native: bool = True) -> int:
     """The tokens most target calls will feed with `draft` (what packing='auto' times the target's layout for).
 
-    1 without a draft; gamma + 1 with one, but at most EARLY_END_ROWS_PER_CALL with an EAGLE draft that ends
+    1 without a draft; gamma + 1 with one, but at most EARLY_END_ROWS_PER_CALL with a draft model that ends
     early (min_confidence > 0). native: whether the target runs on the native engine (see resolve_draft_name).
     """
-    if draft in (None, "none"):
+    if draft is None or draft == "none":
         return 1
-    model_spec = resolve_draft_name(draft, target, native).removesuffix("+ngram")
-    if model_spec == "bundled":
-        model_spec = str(bundled_draft_dir(target) or "")
-    if min_confidence > 0 and model_spec and is_eagle_draft(model_spec):
+    if min_confidence > 0 and draft_model_part(draft, target, native) is not None:
         return min(gamma + 1, EARLY_END_ROWS_PER_CALL)
     return gamma + 1
 
@@ -121,20 +137,15 @@ def make_drafter(spec: str | None, target: LoadedModel, backend: str = "auto",
     a path or id: a draft model (a `specdecode distill` output directory, a GGUF file or an HF model; an
     EAGLE draft from `specdecode distill --eagle` needs the target on the native engine);
     'X+ngram': draft X, but prompt lookup wherever the context repeats (a match of >= 3 tokens).
-    min_confidence: an EAGLE draft's early end (`EagleDrafter`); other drafts have no such setting.
+    min_confidence: a draft model's early end (`drafters.base.unsure`); prompt lookup has no such setting.
     """
     if spec is None or spec == "none":
         return None
-    spec = resolve_draft_name(spec, target.source, native=isinstance(target.model, NativeLM))
-    if spec == "ngram":
+    native = isinstance(target.model, NativeLM)
+    model_spec = draft_model_part(spec, target.source, native)
+    if model_spec is None:
         return PromptLookupDrafter()
-    with_lookup = spec.endswith("+ngram")
-    model_spec = spec.removesuffix("+ngram")
-    if model_spec == "bundled":
-        path = bundled_draft_dir(target.source)
-        if path is None:
-            raise ValueError(f"draft: no bundled draft for target {target.source!r}; use 'ngram' or a model path")
-        model_spec = str(path)
+    with_lookup = resolve_draft_name(spec, target.source, native).endswith("+ngram")
     if is_eagle_draft(model_spec):
         drafter = eagle_drafter(model_spec, target, min_confidence)
         return LookupThenModelDrafter(drafter) if with_lookup else drafter
@@ -143,7 +154,7 @@ def make_drafter(spec: str | None, target: LoadedModel, backend: str = "auto",
     else:
         draft = backends.load(model_spec, backend)
     check_vocabularies(target.tokenizer, draft.tokenizer, target.model.vocab_size, draft.model.vocab_size)
-    drafter = ModelDrafter(draft.model)
+    drafter = ModelDrafter(draft.model, min_confidence)
     return LookupThenModelDrafter(drafter) if with_lookup else drafter
 
 
@@ -183,7 +194,7 @@ class Pipeline:
         gamma None: default_gamma(draft). packing: the native target's layout of its linear layers
         (`specdecode.native.fast`); 'auto' picks the layout that runs rows_per_call tokens per target
         call fastest on this machine (`NativeLM`). rows_per_call None: `verification_rows`.
-        min_confidence: an EAGLE draft's early end (`EagleDrafter`).
+        min_confidence: a draft model's early end (`drafters.base.unsure`).
         """
         gamma = default_gamma(draft) if gamma is None else check_gamma(gamma)  # before the (slow) load
         check_min_confidence(min_confidence)

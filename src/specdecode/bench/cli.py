@@ -70,7 +70,7 @@ def add_parsers(commands) -> None:
     bench.add_argument("--gamma", type=int, default=None, help="gamma of the per-category table and the peers (default 4)")
     bench.add_argument("--gammas", type=_ints, default=None, help="gamma sweep, comma-separated (default 1,2,4,6; quick 2,4)")
     bench.add_argument("--min-confidence", type=float, default=None,
-                       help="an EAGLE draft ends early after a token its q gave less than this (default: generate's)")
+                       help="a draft model ends its draft after a token its q gave less than this (default: generate's)")
     bench.add_argument("--temperatures", type=_floats, default=None, help="comma-separated (default 0,1)")
     bench.add_argument("--max-new-tokens", type=int, default=None, help="per generation (default 48; quick 24)")
     bench.add_argument("--per-category", type=int, default=None, help="prompts per category, first in file order (default 1)")

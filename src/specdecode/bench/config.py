@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from specdecode.backends import BACKENDS
-from specdecode.drafters.eagle import check_min_confidence
+from specdecode.drafters.base import check_min_confidence
 from specdecode.native.config import check_packing
 from specdecode.models.loading import DEFAULT_TARGET
 
@@ -60,7 +60,7 @@ class BenchConfig:
     packing: str = "auto"  # the native target's layout of its linear layers
     gamma: int | None = None  # the gamma of the per-category table and of the peers
     gammas: tuple[int, ...] | None = None  # the sweep (gamma is added to it)
-    min_confidence: float | None = None  # an EAGLE draft's early end; default: pipeline.DEFAULT_MIN_CONFIDENCE
+    min_confidence: float | None = None  # a draft model's early end; default: pipeline.DEFAULT_MIN_CONFIDENCE
     temperatures: tuple[float, ...] | None = None
     max_new_tokens: int | None = None
     per_category: int | None = None

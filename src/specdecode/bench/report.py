@@ -57,9 +57,9 @@ _CHAT = {None: "chat template where the tokenizer has one", True: "chat template
 
 
 def _early_end(cfg: Mapping) -> str:
-    """'; an EAGLE draft ends ...' where the run set min_confidence (older results have none)."""
+    """'; a draft model ends ...' where the run set min_confidence (older results have none)."""
     threshold = cfg.get("min_confidence")
-    return f"; an EAGLE draft ends early after a token its q gave less than {threshold:g}" if threshold else ""
+    return f"; a draft model ends its draft after a token its q gave less than {threshold:g}" if threshold else ""
 
 
 def _header(results: Mapping) -> list[str]:

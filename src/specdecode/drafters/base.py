@@ -14,7 +14,7 @@ import torch
 
 from specdecode.core.sampling import SamplingParams
 
-__all__ = ["Draft", "Drafter"]
+__all__ = ["Draft", "Drafter", "check_min_confidence", "unsure"]
 
 
 @dataclass(frozen=True)
@@ -62,3 +62,23 @@ class Drafter(Protocol):
     def observe(self, draft: Draft, num_accepted: int) -> None:
         """Feedback after verification: how many tokens of `draft` the target kept."""
         ...
+
+
+def check_min_confidence(value: float) -> float:
+    """value itself, or a ValueError naming the parameter: a model draft's early-end threshold, a probability."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ValueError(f"min_confidence must be a number in [0, 1], got {value!r}")
+    return value
+
+
+def unsure(logits: torch.Tensor, q: torch.Tensor | None, index: int, min_confidence: float) -> bool:
+    """Whether a model draft ends after the token at `index` of logits [K]: its q is below min_confidence.
+
+    q [K]: the distribution the token was sampled from; None at T=0, where the confidence is the softmax of
+    the logits (EAGLE-2's), since the greedy q is one-hot. The draft's length then depends on the draft's own
+    distributions only, so the output stays distributed as the target's. min_confidence 0 never ends a draft.
+    """
+    if min_confidence == 0.0:
+        return False
+    confidence = torch.softmax(logits.float(), dim=-1)[index] if q is None else q[index]
+    return float(confidence) < min_confidence

@@ -18,14 +18,14 @@ from pathlib import Path
 import torch
 
 from specdecode.core.sampling import SamplingParams, probabilities, sample
-from specdecode.drafters.base import Draft
+from specdecode.drafters.base import Draft, check_min_confidence, unsure
 from specdecode.drafters.distilled import CONFIG_FILE, read_draft_config, read_draft_weights, write_draft_directory
 from specdecode.native.config import NativeConfig
 from specdecode.native.eagle import EagleNetwork
 from specdecode.native.engine import NativeLM
 from specdecode.native.model import skipped_initialization
 
-__all__ = ["EAGLE_KIND", "EagleDrafter", "check_min_confidence", "save_eagle", "load_eagle", "is_eagle_draft"]
+__all__ = ["EAGLE_KIND", "EagleDrafter", "save_eagle", "load_eagle", "is_eagle_draft"]
 
 EAGLE_KIND = "eagle"
 
@@ -38,8 +38,7 @@ class EagleDrafter:
     quantize: 'int8' runs the network on int8 weights (`EagleNetwork.quantize_int8`, in place): a cheaper
     step and a slightly different q, which is still exactly the q it samples from.
     min_confidence: the draft stops early, before gamma tokens, after a token its own q gave less than this
-    (at T=0 q is the softmax of the head's logits; EAGLE-2's confidence). The draft's length then depends on
-    the draft's own distributions only, so the output stays distributed as the target's. 0 always drafts gamma.
+    (`drafters.base.unsure`; EAGLE-2's confidence). 0 always drafts gamma.
     """
 
     def __init__(self, network: EagleNetwork, output_ids: torch.Tensor, target: NativeLM, name: str = "eagle",
@@ -101,19 +100,12 @@ class EagleDrafter:
                 probs.append(widen_probabilities(q_head, self.output_ids, self.target.vocab_size))
             token = int(self.output_ids[row])
             drafted.append(token)
-            if i + 1 == gamma or self._ends_at(logits, q_head, row):
+            if i + 1 == gamma or unsure(logits, q_head, row, self.min_confidence):
                 break
             # its own g stands in for the feature the target has not computed
             g = self.network.step(g, self._embed(torch.tensor([token])), n + i, self._cache)
         token_tensor = torch.tensor(drafted, dtype=torch.long)
         return Draft(token_tensor) if sampling.greedy else Draft(token_tensor, torch.stack(probs))
-
-    def _ends_at(self, logits: torch.Tensor, q_head: torch.Tensor | None, row: int) -> bool:
-        """Whether the draft ends at head row `row`: its q (the softmax of logits [K] at T=0) is below min_confidence."""
-        if self.min_confidence == 0.0:
-            return False
-        q = torch.softmax(logits, dim=-1) if q_head is None else q_head
-        return float(q[row]) < self.min_confidence
 
     def _catch_up(self, tokens: torch.Tensor) -> torch.Tensor:
         """Feed the cache the positions it lacks up to n - 1, from the target's features; g of those [m, H]."""
@@ -129,13 +121,6 @@ class EagleDrafter:
 
     def observe(self, draft: Draft, num_accepted: int) -> None:
         """Nothing to do: the next proposal overwrites the speculative positions from the target's features."""
-
-
-def check_min_confidence(value: float) -> float:
-    """value itself, or a ValueError naming the parameter: an EAGLE draft's early-end threshold, a probability."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-        raise ValueError(f"min_confidence must be a number in [0, 1], got {value!r}")
-    return value
 
 
 def widen_probabilities(q: torch.Tensor, output_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:

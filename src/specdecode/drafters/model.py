@@ -7,7 +7,7 @@ import logging
 import torch
 
 from specdecode.core.sampling import SamplingParams, probabilities, sample
-from specdecode.drafters.base import Draft
+from specdecode.drafters.base import Draft, check_min_confidence, unsure
 from specdecode.models.base import ContextLengthError, LanguageModel
 
 __all__ = ["ModelDrafter"]
@@ -21,10 +21,13 @@ class ModelDrafter:
     The draft model's cache is kept in step with the sequence by its longest common
     prefix with the tokens generated so far, so rejected draft tokens are rolled back
     and accepted ones are never fed twice.
+    min_confidence: the draft stops early, before gamma tokens, after a token its own q gave less than this
+    (`drafters.base.unsure`; Hugging Face's assistant_confidence_threshold). 0 always drafts gamma.
     """
 
-    def __init__(self, model: LanguageModel) -> None:
+    def __init__(self, model: LanguageModel, min_confidence: float = 0.0) -> None:
         self.model = model
+        self.min_confidence = float(check_min_confidence(min_confidence))
         self.name = f"model:{model.name}"
         self.forward_calls = 0
         self._fed = torch.zeros(0, dtype=torch.long)  # generated tokens in the draft's cache
@@ -75,15 +78,16 @@ class ModelDrafter:
         tokens: list[int] = []
         probs: list[torch.Tensor] = []
         for i in range(gamma):
-            q = probabilities(logits, sampling)
+            q = probabilities(logits, sampling)  # [V]
             token = int(q.argmax()) if sampling.greedy else int(sample(q, generator))
             tokens.append(token)
             probs.append(q)
-            if i + 1 < gamma:
-                logits = self.model.extend(torch.tensor([token]))[-1]
-                self.forward_calls += 1
-                self._fed = torch.cat([self._fed, torch.tensor([token])])
-                self._last_logits = logits
+            if i + 1 == gamma or unsure(logits, None if sampling.greedy else q, token, self.min_confidence):
+                break
+            logits = self.model.extend(torch.tensor([token]))[-1]
+            self.forward_calls += 1
+            self._fed = torch.cat([self._fed, torch.tensor([token])])
+            self._last_logits = logits
         token_tensor = torch.tensor(tokens, dtype=torch.long)
         if sampling.greedy or not tokens:  # q is one-hot at each proposed token
             return Draft(token_tensor)

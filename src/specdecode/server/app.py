@@ -137,6 +137,7 @@ def create_app(pipeline: Pipeline, config: ServerConfig = ServerConfig()) -> Fas
     async def health():
         status = "ok" if worker.accepting else "unavailable"
         body = Health(status=status, model=engine.model_id, draft=engine.default_draft, gamma=pipeline.gamma,
+                      min_confidence=engine.min_confidence(engine.default_draft),
                       waiting=worker.waiting, running=worker.running)
         return JSONResponse(body.model_dump(), status_code=200 if worker.accepting else 503)
 
@@ -186,7 +187,7 @@ def _generation_request(
                        param=prompt_param, code="context_length_exceeded")
     draft = engine.resolve_draft(body.draft)
     if body.min_confidence is not None and engine.min_confidence(draft) is None:
-        raise APIError(400, f"min_confidence: draft {draft!r} has no early end; it applies to EAGLE drafts only",
+        raise APIError(400, f"min_confidence: draft {draft!r} has no early end; it applies to draft models only",
                        param="min_confidence", code="unsupported_value")
     sampling = SamplingParams(
         temperature=1.0 if body.temperature is None else body.temperature,

@@ -10,7 +10,7 @@ import torch
 
 from specdecode.core.sampling import SamplingParams
 from specdecode.decoding import TokenStream
-from specdecode.drafters import Drafter, LookupThenModelDrafter, PromptLookupDrafter
+from specdecode.drafters import Drafter, LookupThenModelDrafter, ModelDrafter, PromptLookupDrafter
 from specdecode.drafters.eagle import EagleDrafter
 from specdecode.pipeline import Pipeline, incremental_text
 from specdecode.server.errors import APIError
@@ -32,7 +32,7 @@ class GenerationRequest:
     seed: int
     draft: str  # canonical drafter name: a key of Engine.drafters
     gamma: int
-    min_confidence: float | None = None  # the EAGLE draft's early end for this request; None: the server's
+    min_confidence: float | None = None  # the draft model's early end for this request; None: the server's
 
 
 def finish_reason(reason: str) -> str:
@@ -54,8 +54,8 @@ class Engine:
         self.drafters: dict[str, Drafter | None] = {NO_DRAFT: None, ngram.name: ngram, self.default_draft: configured}
         self._aliases = {"ngram": ngram.name, "default": self.default_draft}
         self._aliases.update({alias: self.default_draft for alias in draft_aliases if alias})
-        # each drafter's early-end threshold as configured (None: no EAGLE draft); a request may set its own
-        self._min_confidence = {name: None if (eagle := _eagle_part(d)) is None else eagle.min_confidence
+        # each drafter's early-end threshold as configured (None: no draft model); a request may set its own
+        self._min_confidence = {name: None if (model := _model_part(d)) is None else model.min_confidence
                                 for name, d in self.drafters.items()}
 
     @property
@@ -71,7 +71,7 @@ class Engine:
         return self.pipeline.target.model.max_length
 
     def min_confidence(self, draft: str) -> float | None:
-        """The server's early-end threshold of drafter `draft` (a key of drafters), None if it has no EAGLE draft."""
+        """The server's early-end threshold of drafter `draft` (a key of drafters), None if it has no draft model."""
         return self._min_confidence[draft]
 
     def draft_names(self) -> list[str]:
@@ -125,9 +125,9 @@ class Engine:
         """Generate for `job`, emitting text deltas and then `Finished` (or stopping when it is cancelled)."""
         request: GenerationRequest = job.request  # type: ignore[assignment]
         drafter = self.drafters[request.draft]
-        eagle = _eagle_part(drafter)
-        if eagle is not None and request.min_confidence is not None:  # this request's, then the server's again
-            eagle.min_confidence = request.min_confidence
+        model = _model_part(drafter)
+        if model is not None and request.min_confidence is not None:  # this request's, then the server's again
+            model.min_confidence = request.min_confidence
         try:
             pipe = replace(self.pipeline, drafter=drafter, gamma=request.gamma)
             tokens = pipe.stream(
@@ -142,18 +142,18 @@ class Engine:
                 pieces.append(piece)
                 job.emit(Delta(piece))
         finally:
-            if eagle is not None:
-                eagle.min_confidence = self._min_confidence[request.draft]
+            if model is not None:
+                model.min_confidence = self._min_confidence[request.draft]
         if tokens.result is None:  # cancelled between two chunks
             job.end_cancelled()
             return
         job.emit(Finished("".join(pieces), tokens.result))
 
 
-def _eagle_part(drafter: Drafter | None) -> EagleDrafter | None:
-    """The EAGLE draft of a drafter (itself, or the model part of prompt lookup + model), else None."""
+def _model_part(drafter: Drafter | None) -> EagleDrafter | ModelDrafter | None:
+    """The draft model of a drafter (itself, or the model part of prompt lookup + model), else None."""
     inner = drafter.model if isinstance(drafter, LookupThenModelDrafter) else drafter
-    return inner if isinstance(inner, EagleDrafter) else None
+    return inner if isinstance(inner, (EagleDrafter, ModelDrafter)) else None
 
 
 def _chunks(tokens: TokenStream, job: Job) -> Iterator[list[int]]:

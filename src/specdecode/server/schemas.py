@@ -68,7 +68,7 @@ class GenerationFields(_Strict):
     gamma: int | None = Field(None, ge=1, le=MAX_GAMMA, description="draft tokens per target call")
     min_confidence: float | None = Field(
         None, ge=0.0, le=1.0,
-        description="an EAGLE draft ends after a token its q gave less than this (0: always gamma tokens); "
+        description="a draft model ends its draft after a token its q gave less than this (0: always gamma tokens); "
         "null: the server's setting",
     )
     top_k: int | None = Field(None, ge=0, description="keep the k most likely tokens (0: all)")
@@ -129,7 +129,7 @@ class SpeculativeUsage(BaseModel):
 
     draft: str
     gamma: int
-    min_confidence: float | None = Field(description="the EAGLE draft's early-end threshold; null for other drafts")
+    min_confidence: float | None = Field(description="the draft model's early-end threshold; null for drafts without a model")
     target_calls: int
     draft_tokens: int
     accepted_tokens: int
@@ -228,6 +228,7 @@ class Health(BaseModel):
     model: str
     draft: str
     gamma: int
+    min_confidence: float | None = Field(description="the draft model's early-end threshold; null for drafts without a model")
     waiting: int = Field(description="requests queued for the model")
     running: int = Field(description="requests being generated (0 or 1)")
 
