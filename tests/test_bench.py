@@ -386,7 +386,7 @@ def test_peers_that_cannot_run_are_listed(tiny, tmp_path, capsys):
     assert results["target_layout"] is None  # asked for, not timed
     assert "linear layers `none`" in (out / "report.md").read_text()
     assert results["config"]["min_confidence"] == DEFAULT_MIN_CONFIDENCE  # the default: generate's
-    assert f"its q gave less than {DEFAULT_MIN_CONFIDENCE:g}" in (out / "report.md").read_text()
+    assert f"its q gave less than {DEFAULT_MIN_CONFIDENCE:g} (the Thm 3.8" in (out / "report.md").read_text()
     (unavailable,) = results["unavailable"]
     assert unavailable["method"] == "HF assisted generation"
     assert unavailable["reason"].startswith("not applicable: no model draft")

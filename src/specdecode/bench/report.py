@@ -59,7 +59,8 @@ _CHAT = {None: "chat template where the tokenizer has one", True: "chat template
 def _early_end(cfg: Mapping) -> str:
     """'; a draft model ends ...' where the run set min_confidence (older results have none)."""
     threshold = cfg.get("min_confidence")
-    return f"; a draft model ends its draft after a token its q gave less than {threshold:g}" if threshold else ""
+    return (f"; a draft model ends its draft after a token its q gave less than {threshold:g} (the Thm 3.8 "
+            "predictions assume γ draft tokens every call, so they are pessimistic for draft models)") if threshold else ""
 
 
 def _header(results: Mapping) -> list[str]:
