@@ -106,9 +106,9 @@ def tree_calls(ids: torch.Tensor, first: int, ranks: torch.Tensor, tree: set[Ran
                 accepted += 1
             call = Call(len(copied), 0, 0)
         elif max_new_tokens - generated - 1 > 0:
-            path = answer_path(ranks, n, top)
-            accepted = next((k for k in range(len(path), 0, -1) if path[:k] in tree), 0)
-            accepted = min(accepted, max_new_tokens - generated - 1)
+            path, accepted = answer_path(ranks, n, top), 0
+            while accepted < min(len(path), max_new_tokens - generated - 1) and path[: accepted + 1] in tree:
+                accepted += 1
             call = Call(len(tree), depth, 0)
         else:
             accepted, call = 0, Call(0, 0, 0)
@@ -139,6 +139,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--slope", type=float, default=None, help="T(k)/T(1) = 1 + slope (k - 1) instead of measured")
     parser.add_argument("--cost-reps", type=int, default=15, help="timed repetitions of each extend and proposal (default 15)")
     args = parser.parse_args(argv)
+    for name in ("depth", "top"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.lookup_gamma < 0:
+        parser.error(f"--lookup-gamma must be >= 0 (0: no prompt lookup), got {args.lookup_gamma}")
     data, native, features = answers_and_features(args.target, args.prompts, args.out, args.max_new_tokens)
     directory = str(draft_directory(args.draft, args.target))
     widest = max(max(args.nodes), args.lookup_gamma) + 1

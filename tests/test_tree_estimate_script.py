@@ -45,8 +45,10 @@ def test_a_chain_shaped_tree_accepts_what_the_chain_draft_does(eagle_distilled, 
     assert accepted > 0  # the draft's tokens were accepted somewhere
 
 
-@pytest.mark.parametrize("text", ["0", "2,x"])
-def test_nodes_must_be_positive_integers(text, capsys):
+@pytest.mark.parametrize(("args", "name"), [(["--nodes", "0"], "nodes"), (["--nodes", "2,x"], "nodes"),
+                                            (["--depth", "0"], "depth"), (["--top", "0"], "top"),
+                                            (["--lookup-gamma", "-1"], "lookup-gamma")])
+def test_bad_options_are_refused_by_name(args, name, capsys):
     with pytest.raises(SystemExit):
-        load_script("tree_estimate").main(["--nodes", text])
-    assert "nodes" in capsys.readouterr().err
+        load_script("tree_estimate").main(args)
+    assert name in capsys.readouterr().err
