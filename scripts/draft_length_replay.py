@@ -27,6 +27,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from collections.abc import Iterator
 from typing import NamedTuple
 
 import torch
@@ -56,22 +57,38 @@ class Call(NamedTuple):
     new_tokens: int
 
 
-def draft_predictions(network, output_ids: torch.Tensor, embedding: torch.Tensor, data: TeacherData,
-                      features: list[torch.Tensor], depth: int, batch_tokens: int = 4096) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per answer: argmax token ids [depth, L] and their q [depth, L] at every position, teacher forced."""
+def depth_logits(network, embedding: torch.Tensor, data: TeacherData, features: list[torch.Tensor], depth: int,
+                 batch_tokens: int = 4096) -> Iterator[tuple[list[int], torch.Tensor, list[torch.Tensor]]]:
+    """Batches of answers: their indices, ids [B, L] (zero-padded) and the draft's logits by depth, depth x [B, L, K]
+    (`EagleObjective.logits_by_depth`: at depth d + 1, position j predicts token j + 1, the d before it the answer's)."""
     objective = EagleObjective(network, embedding, features)
-    out: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(data)
     with torch.no_grad():
         for indices in make_batches([len(t) for t in data.ids], batch_tokens, random.Random(0)):
             ids = torch.zeros(len(indices), max(len(data.ids[i]) for i in indices), dtype=torch.long)
             for row, i in enumerate(indices):
                 ids[row, : len(data.ids[i])] = data.ids[i]
-            q = torch.stack([torch.softmax(x.float(), dim=-1) for x in objective.logits_by_depth(indices, ids, depth)])
-            confidence, rows = q.max(dim=-1)  # [depth, B, L]
-            for row, i in enumerate(indices):
-                n = len(data.ids[i])
-                out[i] = (output_ids[rows[:, row, :n]], confidence[:, row, :n])
+            yield indices, ids, objective.logits_by_depth(indices, ids, depth)
+
+
+def draft_predictions(network, output_ids: torch.Tensor, embedding: torch.Tensor, data: TeacherData,
+                      features: list[torch.Tensor], depth: int, batch_tokens: int = 4096) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per answer: argmax token ids [depth, L] and their q [depth, L] at every position, teacher forced."""
+    out: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(data)
+    for indices, _, logits in depth_logits(network, embedding, data, features, depth, batch_tokens):
+        q = torch.stack([torch.softmax(x.float(), dim=-1) for x in logits])
+        confidence, rows = q.max(dim=-1)  # [depth, B, L]
+        for row, i in enumerate(indices):
+            n = len(data.ids[i])
+            out[i] = (output_ids[rows[:, row, :n]], confidence[:, row, :n])
     return out
+
+
+def accepted_prefix(ids: torch.Tensor, n: int, draft: list[int]) -> int:
+    """How many tokens of a draft proposed after ids[:n] are the answer's own next tokens (greedy verification)."""
+    accepted = 0
+    while accepted < len(draft) and n + accepted < len(ids) and draft[accepted] == int(ids[n + accepted]):
+        accepted += 1
+    return accepted
 
 
 def replay(ids: torch.Tensor, first: int, tokens: torch.Tensor, confidence: torch.Tensor, gamma: int,
@@ -93,10 +110,7 @@ def replay(ids: torch.Tensor, first: int, tokens: torch.Tensor, confidence: torc
                 if float(confidence[k, n - 1 + k]) < min_confidence:
                     break
             model_tokens = len(draft)
-        accepted = 0
-        while accepted < len(draft) and n + accepted < len(ids) and draft[accepted] == int(ids[n + accepted]):
-            accepted += 1
-        new = min(accepted + 1, answer - generated)
+        new = min(accepted_prefix(ids, n, draft) + 1, answer - generated)
         calls.append(Call(len(draft), model_tokens, new))
         generated += new
     return calls
@@ -115,6 +129,19 @@ def draft_seconds(drafter: EagleDrafter, target, context: torch.Tensor, gamma: i
             if rep > 0:
                 times[m].append(time.perf_counter() - start)
     return {m: statistics.median(v) for m, v in times.items()}
+
+
+def measured_costs(target_name: str, directory: str, data: TeacherData, ks: range, depth: int,
+                   reps: int) -> tuple[dict[int, float], dict[int, float]]:
+    """T(k)/T(1) for k in ks, and the draft's seconds of m = 1 .. depth tokens over T(1): timed as
+    `generate --draft auto` runs the target (layout chosen for 3-token calls) and the draft (int8 where it runs)."""
+    loaded = backends.load(target_name, "auto", "auto", EARLY_END_ROWS_PER_CALL)
+    drafter = eagle_drafter(directory, loaded, min_confidence=0.0)
+    context = torch.cat(list(data.ids))[: min(256, loaded.model.max_length // 2)]  # a context of decoding's length
+    costs = summarize_costs(time_extend({"target": loaded.model}, context, {"target": ks}, reps))
+    seconds = draft_seconds(drafter, loaded.model, context, depth, reps)
+    return ({int(k): v for k, v in costs["verify_ratio"].items()},
+            {m: s / costs["target_t1"] for m, s in seconds.items()})
 
 
 def summarize(calls_per_answer: list[list[Call]], categories: list[str], verify: dict[int, float], draft: dict[int, float]) -> dict:
@@ -179,14 +206,7 @@ def main(argv: list[str] | None = None) -> dict:
     depth = max(gamma for gamma, _ in args.settings)
     directory = str(draft_directory(args.draft, args.target))
 
-    loaded = backends.load(args.target, "auto", "auto", EARLY_END_ROWS_PER_CALL)  # the target and draft as `generate` runs them
-    drafter = eagle_drafter(directory, loaded, min_confidence=0.0)
-    context = torch.cat(list(data.ids))[: min(256, loaded.model.max_length // 2)]  # a context of decoding's length
-    costs = summarize_costs(time_extend({"target": loaded.model}, context, {"target": range(1, depth + 2)}, args.cost_reps))
-    verify = {int(k): v for k, v in costs["verify_ratio"].items()}
-    seconds = draft_seconds(drafter, loaded.model, context, depth, args.cost_reps)
-    draft = {m: s / costs["target_t1"] for m, s in seconds.items()}
-    del loaded, drafter
+    verify, draft = measured_costs(args.target, directory, data, range(1, depth + 2), depth, args.cost_reps)
 
     network, output_ids, _ = load_eagle(directory)
     predictions = draft_predictions(network, output_ids, native.embed.weight.detach(), data, features, depth)

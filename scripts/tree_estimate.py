@@ -20,7 +20,6 @@ the measured T(k)/T(1) by 1 + s (k - 1). Greedy only.
 from __future__ import annotations
 
 import argparse
-import random
 import sys
 from collections import Counter
 from pathlib import Path
@@ -28,17 +27,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from draft_length_replay import LOOKUP, Call, draft_seconds, summarize  # noqa: E402
+from draft_length_replay import LOOKUP, Call, accepted_prefix, depth_logits, measured_costs, summarize  # noqa: E402
 from spec_bench_alpha import add_answer_options, answers_and_features, draft_directory  # noqa: E402
 
-from specdecode import backends  # noqa: E402
-from specdecode.bench.costs import summarize_costs, time_extend  # noqa: E402
-from specdecode.distill.eagle import EagleObjective  # noqa: E402
 from specdecode.distill.teacher import TeacherData  # noqa: E402
-from specdecode.distill.train import make_batches  # noqa: E402
 from specdecode.drafters.eagle import load_eagle  # noqa: E402
 from specdecode.drafters.prompt_lookup import find_continuation  # noqa: E402
-from specdecode.pipeline import EARLY_END_ROWS_PER_CALL, eagle_drafter  # noqa: E402
 
 RankPath = tuple[int, ...]  # (r_1, ..., r_d)
 
@@ -47,21 +41,15 @@ def draft_ranks(network, output_ids: torch.Tensor, embedding: torch.Tensor, data
                 features: list[torch.Tensor], depth: int, top: int, batch_tokens: int = 4096) -> list[torch.Tensor]:
     """Per answer [depth, L]: at depth d + 1 and position j, the rank of token j + 1 among the draft's `top` most
     likely tokens (`top` where it is not among them), the d draft tokens before it being the answer's own."""
-    objective = EagleObjective(network, embedding, features)
     out: list[torch.Tensor | None] = [None] * len(data)
-    with torch.no_grad():
-        for indices in make_batches([len(t) for t in data.ids], batch_tokens, random.Random(0)):
-            length = max(len(data.ids[i]) for i in indices)
-            ids = torch.zeros(len(indices), length, dtype=torch.long)
-            for row, i in enumerate(indices):
-                ids[row, : len(data.ids[i])] = data.ids[i]
-            best = output_ids[torch.stack([x.topk(top, dim=-1).indices for x in objective.logits_by_depth(indices, ids, depth)])]
-            for row, i in enumerate(indices):  # best [depth, B, L, top]
-                n = len(data.ids[i])
-                hits = best[:, row, : n - 1] == ids[row, 1:n, None]  # [depth, n - 1, top]
-                ranks = torch.full((depth, n), top, dtype=torch.long)
-                ranks[:, : n - 1] = torch.where(hits.any(-1), hits.long().argmax(-1), top)
-                out[i] = ranks
+    for indices, ids, logits in depth_logits(network, embedding, data, features, depth, batch_tokens):
+        best = output_ids[torch.stack([x.topk(top, dim=-1).indices for x in logits])]  # [depth, B, L, top]
+        for row, i in enumerate(indices):
+            n = len(data.ids[i])
+            hits = best[:, row, : n - 1] == ids[row, 1:n, None]  # [depth, n - 1, top]
+            ranks = torch.full((depth, n), top, dtype=torch.long)
+            ranks[:, : n - 1] = torch.where(hits.any(-1), hits.long().argmax(-1), top)
+            out[i] = ranks
     return out
 
 
@@ -101,10 +89,7 @@ def tree_calls(ids: torch.Tensor, first: int, ranks: torch.Tensor, tree: set[Ran
         g = min(lookup_gamma, max_new_tokens - generated - 1)
         copied = find_continuation(ids[:n], g, LOOKUP[1], LOOKUP[0]).tolist() if g > 0 else []
         if copied:
-            accepted = 0
-            while accepted < len(copied) and n + accepted < len(ids) and copied[accepted] == int(ids[n + accepted]):
-                accepted += 1
-            call = Call(len(copied), 0, 0)
+            accepted, call = accepted_prefix(ids, n, copied), Call(len(copied), 0, 0)
         elif max_new_tokens - generated - 1 > 0:
             path, accepted = answer_path(ranks, n, top), 0
             while accepted < min(len(path), max_new_tokens - generated - 1) and path[: accepted + 1] in tree:
@@ -148,16 +133,10 @@ def main(argv: list[str] | None = None) -> dict:
     directory = str(draft_directory(args.draft, args.target))
     widest = max(max(args.nodes), args.lookup_gamma) + 1
 
-    loaded = backends.load(args.target, "auto", "auto", EARLY_END_ROWS_PER_CALL)  # as `generate --draft auto` runs
-    drafter = eagle_drafter(directory, loaded, min_confidence=0.0)
-    context = torch.cat(list(data.ids))[: min(256, loaded.model.max_length // 2)]
-    k_range = range(1, 2) if args.slope is not None else range(1, widest + 1)
-    costs = summarize_costs(time_extend({"target": loaded.model}, context, {"target": k_range}, args.cost_reps))
-    verify = ({k: 1 + args.slope * (k - 1) for k in range(1, widest + 1)} if args.slope is not None
-              else {int(k): v for k, v in costs["verify_ratio"].items()})
-    seconds = draft_seconds(drafter, loaded.model, context, args.depth, args.cost_reps)
-    draft = {m: s / costs["target_t1"] for m, s in seconds.items()}
-    del loaded, drafter
+    measured = range(1, 2) if args.slope is not None else range(1, widest + 1)
+    verify, draft = measured_costs(args.target, directory, data, measured, args.depth, args.cost_reps)
+    if args.slope is not None:
+        verify = {k: 1 + args.slope * (k - 1) for k in range(1, widest + 1)}
 
     network, output_ids, _ = load_eagle(directory)
     ranks = draft_ranks(network, output_ids, native.embed.weight.detach(), data, features, args.depth, args.top)

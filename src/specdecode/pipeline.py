@@ -142,10 +142,11 @@ def make_drafter(spec: str | None, target: LoadedModel, backend: str = "auto",
     if spec is None or spec == "none":
         return None
     native = isinstance(target.model, NativeLM)
+    spec = resolve_draft_name(spec, target.source, native)
     model_spec = draft_model_part(spec, target.source, native)
     if model_spec is None:
         return PromptLookupDrafter()
-    with_lookup = resolve_draft_name(spec, target.source, native).endswith("+ngram")
+    with_lookup = spec.endswith("+ngram")
     if is_eagle_draft(model_spec):
         drafter = eagle_drafter(model_spec, target, min_confidence)
         return LookupThenModelDrafter(drafter) if with_lookup else drafter
