@@ -90,7 +90,9 @@ def test_predicted_speedup_is_thm_3_8():
         assert stats.predicted_speedup(alpha, gamma, c) == pytest.approx(walltime_improvement(alpha, gamma, c))
     # with a verification cost: E / (gamma c + T(gamma+1)/T(1))
     assert stats.predicted_speedup(0.8, 4, 0.05, 1.5) == pytest.approx(expected_tokens_per_call(0.8, 4) / (0.2 + 1.5))
-    assert stats.predicted_from_tokens_per_call(2.0, 4, 0.05, 1.5) == pytest.approx(2.0 / 1.7)
+    assert stats.predicted_from_tokens_per_call(2.0, 0.2, 1.5) == pytest.approx(2.0 / 1.7)
+    with pytest.raises(ValueError, match="verify_ratio"):
+        stats.predicted_from_tokens_per_call(2.0, 0.2, 0.0)
     with pytest.raises(ValueError, match="verify_ratio"):
         stats.predicted_speedup(0.5, 2, 0.1, 0.0)
 
@@ -244,11 +246,25 @@ def test_summary_and_report_of_a_clean_run_with_costs():
     assert row["c_source"] == "run" and row["c"] == 0.0  # fake runs spent no draft time
     assert row["predicted"] == pytest.approx(expected_tokens_per_call(2 / 3, 2) / 1.5)
     assert row["measured_over_predicted"] == pytest.approx(2.0 / row["predicted"])
+    # from tokens/call: 3 draft tokens in 2 draft calls, so T(1 + 1.5)/T(1) = 1.35 (not T(gamma + 1)), no draft time
+    assert row["predicted_from_tokens_per_call"] == pytest.approx(2.0 / 1.35)
     text = render(results)
     assert "all 2 greedy speculative runs are token-identical" in text
     assert "MISMATCH" not in text and "after the first token" in text
     for title in ("Table 2 style", "Table 3 style", "Gamma sweep", "Spec-Bench per category", "Measured costs", "Noise"):
         assert title in text
+
+
+def test_prediction_from_tokens_per_call_charges_the_draft_time_of_the_runs():
+    step, _ = _fake_step(0.0, broken_tokens=(1, 2, 3, 4))
+    records, _ = run_step(step)
+    for record in records:
+        if record["role"] == "method":
+            record["stats"]["draft_seconds"] = 0.01  # one T(1) over 2 draft calls: 0.5 T(1) a call
+    costs = {"verify_ratio": {"1": 1.0, "2": 1.2, "3": 1.5}, "c": {}, "target_t1": 0.01}
+    row = next(r for r in summarize(records, costs)["rows"] if r["scope"] == "overall" and r["method"] == "good γ=2")
+    assert row["predicted_from_tokens_per_call"] == pytest.approx(2.0 / (0.5 + 1.35))
+    assert row["c"] == pytest.approx(0.25)  # Thm 3.8's c: the same time per call over gamma
 
 
 # --------------------------------------------------------------------------- prompts

@@ -60,7 +60,8 @@ def _early_end(cfg: Mapping) -> str:
     """'; a draft model ends ...' where the run set min_confidence (older results have none)."""
     threshold = cfg.get("min_confidence")
     return (f"; a draft model ends its draft after a token its q gave less than {threshold:g} (the Thm 3.8 "
-            "predictions assume γ draft tokens every call, so they are pessimistic for draft models)") if threshold else ""
+            "predictions assume γ draft tokens every call, so they are pessimistic for draft models; "
+            "'from tokens/call' uses the measured draft length)") if threshold else ""
 
 
 def _header(results: Mapping) -> list[str]:
@@ -185,8 +186,9 @@ def _sweep(summary: Mapping) -> list[str]:
                      f"{_f(r['c'], '.3f')} ({r['c_source'] or '–'})", _f(r.get("c_run"), ".3f"), marks])
     lines = ["## Gamma sweep (sweep prompts)", "",
              "★ measured best γ, † best γ by Thm 3.8 with measured costs. predicted ideal: the paper's formula "
-             "(free verification); from tokens/call: the measured tokens per target call in place of E(α, γ); "
-             "c in the runs: draft seconds per drafted position in the runs over T(1).", ""]
+             "(free verification); from tokens/call: the measured tokens per target call over the measured cost of a call, "
+             "the runs' draft seconds per call over T(1) plus T(k+1)/T(1) at the mean draft length k; "
+             "c in the runs: the runs' draft seconds per call over γ, over T(1).", ""]
     lines += _table(["draft", "T", "γ", "α", "tokens/call", "tok/s", "speedup", "predicted", "predicted ideal",
                      "from tokens/call", "measured/predicted", "c", "c in the runs", ""], rows)
     return lines + [""]

@@ -118,16 +118,20 @@ def predicted_speedup(alpha: float, gamma: int, c: float, verify_ratio: float = 
     return expected_tokens_per_call(alpha, gamma) / (gamma * c + verify_ratio)
 
 
-def predicted_from_tokens_per_call(tokens_per_call: float, gamma: int, c: float, verify_ratio: float = 1.0) -> float:
-    """The same cost model with the measured tokens per target call in place of E(alpha, gamma).
+def predicted_from_tokens_per_call(tokens_per_call: float, draft_cost: float, verify_ratio: float) -> float:
+    """The cost model with measured tokens per target call and measured costs of one call.
 
-    Separates the two ways measurement departs from Thm 3.8: acceptance that is not i.i.d.
-    (E differs from tokens per call) and costs the model leaves out (loop overhead).
+    draft_cost: the runs' draft seconds per draft call over T(1); verify_ratio: T(k+1)/T(1) at the
+    mean number k of tokens drafted per call. Separates the ways measurement departs from Thm 3.8:
+    acceptance that is not i.i.d., drafts shorter than gamma (prompt lookup without a match, a draft
+    model ending early), and costs the model leaves out (loop overhead).
     """
-    return tokens_per_call / (gamma * c + verify_ratio)
+    if verify_ratio <= 0:
+        raise ValueError(f"verify_ratio must be > 0, got {verify_ratio}")
+    return tokens_per_call / (draft_cost + verify_ratio)
 
 
-def interpolate_ratio(ratios: Mapping[int, float], k: int) -> float:
+def interpolate_ratio(ratios: Mapping[int, float], k: float) -> float:
     """T(k)/T(1) at k, linearly interpolated (or held flat beyond the ends) between measured ks."""
     if not ratios:
         raise ValueError("no measured verification ratios")

@@ -80,9 +80,11 @@ def _prediction(row: Mapping, costs: Mapping | None) -> dict:
         return out
     out.update(c=c, c_source=source, verify_ratio=interpolate_ratio(ratios, gamma + 1))
     out["c_run"] = cost_ratio({**costs, "c": {}}, row["drafter"], acceptance, gamma)[0]  # the draft time actually spent
-    if acceptance["tokens_per_call"] is not None:
+    if acceptance["tokens_per_call"] is not None and acceptance.get("draft_calls"):
+        calls = acceptance["draft_calls"]
+        draft_cost = acceptance["draft_seconds"] / calls / costs["target_t1"]
         out["predicted_from_tokens_per_call"] = predicted_from_tokens_per_call(
-            acceptance["tokens_per_call"], gamma, c, out["verify_ratio"])
+            acceptance["tokens_per_call"], draft_cost, interpolate_ratio(ratios, 1 + acceptance["draft_tokens"] / calls))
     if acceptance["alpha"] is not None:
         out["predicted"] = predicted_speedup(acceptance["alpha"], gamma, c, out["verify_ratio"])
         out["predicted_ideal"] = walltime_improvement(acceptance["alpha"], gamma, c)
