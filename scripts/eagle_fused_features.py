@@ -1,0 +1,172 @@
+"""Experiment: does an EAGLE draft gain from the target's middle layers as well as its final feature?
+
+EAGLE-3 (Li et al. 2025) feeds its draft a fusion of low, middle and high layers of the target instead of
+the top feature alone, which is shaped for the next token only. This trains, on a finished
+`specdecode distill --eagle` work directory's data (its held-out split, its head tokens, its cached final
+features), a fresh EAGLE network whose input feature is
+
+    f_{j-1} + W [norm(h^a_{j-1}); norm(h^b_{j-1}); ...]      h^l: the target's residual stream after layer l
+
+with W starting at zero (so it starts as the plain network), and prints the teacher-forced held-out alpha
+after every epoch at draft depths 1 and 2. `--layers ''` trains the plain network the same way: the
+baseline. Deeper in a draft (depth 2) the network's own g stands in for the whole input, as in decoding.
+
+    python scripts/eagle_fused_features.py work/ft-d2 --layers 3,15 --out work/fused/l3-15
+    python scripts/eagle_fused_features.py work/ft-d2 --layers '' --out work/fused/base
+
+The layers' outputs are cached in DIR/hidden-<layers>.safetensors (float16, keyed as features.safetensors).
+Research tooling: docs/distill.md gives the results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+from tqdm.auto import tqdm
+
+from specdecode.distill.eagle import EagleObjective, init_eagle, sequence_key, target_features
+from specdecode.distill.recipe import held_out_indices
+from specdecode.distill.teacher import TeacherData, load_teacher
+from specdecode.distill.train import TrainConfig, evaluate, make_batches, train
+from specdecode.models.loading import load_model
+from specdecode.native.batched import decoder_stack
+from specdecode.native.loading import native_from_hf_model
+from specdecode.native.model import NativeTransformer, RMSNorm
+
+
+@torch.no_grad()
+def hidden_states(target: NativeTransformer, data: TeacherData, layers: Sequence[int], path: Path) -> list[torch.Tensor]:
+    """[L_i, len(layers) * H] float16 per sequence: the residual stream after each of layers (0-based), cached in path."""
+    keys = [sequence_key(ids) for ids in data.ids]
+    if path.is_file():
+        with safe_open(path, "pt") as f:
+            if set(keys) <= set(f.keys()):
+                return [f.get_tensor(key) for key in keys]
+    out: dict[str, torch.Tensor] = {}
+    for batch in tqdm(make_batches([len(t) for t in data.ids], 4096, random.Random(0)), desc="hidden states", unit="batch"):
+        ids = torch.zeros(len(batch), max(len(data.ids[i]) for i in batch), dtype=torch.long)
+        for row, i in enumerate(batch):
+            ids[row, : len(data.ids[i])] = data.ids[i]
+        x, kept = target.embed(ids), []  # [B, L, H]
+        for number, layer in enumerate(target.layers[: max(layers) + 1]):
+            x = decoder_stack([layer], target.config, x)
+            if number in layers:
+                kept.append(x)
+        stacked = torch.cat(kept, dim=-1)  # [B, L, n * H]
+        for row, i in enumerate(batch):
+            out[keys[i]] = stacked[row, : len(data.ids[i])].half().contiguous()
+    tmp = path.with_suffix(".tmp")
+    save_file(out, tmp)
+    tmp.replace(path)
+    return [out[key] for key in keys]
+
+
+class Fusion(nn.Module):
+    """W [norm(h^a); norm(h^b); ...] -> [..., H], added to the final feature; W starts at zero."""
+
+    def __init__(self, count: int, hidden: int, eps: float) -> None:
+        super().__init__()
+        self.norms = nn.ModuleList(RMSNorm(hidden, eps, torch.float32) for _ in range(count))
+        self.project = nn.Linear(count * hidden, hidden, bias=False)
+        nn.init.zeros_(self.project.weight)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [..., n * H] -> [..., H]
+        parts = hidden.chunk(len(self.norms), dim=-1)
+        return self.project(torch.cat([norm(part) for norm, part in zip(self.norms, parts)], dim=-1))
+
+
+class FusedObjective(EagleObjective):
+    """EagleObjective whose depth-1 input feature is f_{j-1} + fusion(h_{j-1})."""
+
+    def __init__(self, network, fusion: Fusion | None, hidden: Sequence[torch.Tensor] | None, embedding, features, depth=1):
+        super().__init__(network, embedding, features, depth=depth)
+        self.fusion, self.hidden = fusion, hidden
+
+    def _g(self, indices, ids, depth):
+        previous = self._shifted(indices, ids, 1)  # [B, L, H]
+        if self.fusion is not None:
+            h = torch.zeros(*ids.shape, self.hidden[indices[0]].shape[-1])
+            for row, i in enumerate(indices):
+                seq = self.hidden[i].float()
+                h[row, 1 : len(seq)] = seq[:-1]
+            previous = previous + self.fusion(h)
+        return self.network.unrolled_features(previous, F.embedding(ids, self.embedding), depth)
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict]:
+    """Train the network and return the report rows (also appended to OUT/log.jsonl)."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("dir", type=Path, help="a `specdecode distill --eagle` work directory (teacher shards, features, init.pt)")
+    parser.add_argument("--layers", default="3,15", help="target layers (0-based) fused in, comma-separated; '' for the baseline")
+    parser.add_argument("--out", type=Path, required=True, help="where the checkpoint and the log go")
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    try:
+        layers = sorted({int(x) for x in args.layers.split(",") if x.strip()})
+    except ValueError:
+        parser.error(f"--layers: comma-separated layer numbers, got {args.layers!r}")
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    settings = json.loads((args.dir / "data.json").read_text())
+    data = load_teacher(args.dir)
+    held = held_out_indices(data.categories, 0.08, settings["seed"])  # the distill report's split
+    train_idx = sorted(set(range(len(data))) - set(held))
+    target = native_from_hf_model(load_model(settings["target"]).hf_model, torch.float32)
+    if any(not 0 <= layer < target.config.num_layers for layer in layers):
+        parser.error(f"--layers: the target's layers are 0 .. {target.config.num_layers - 1}, got {args.layers!r}")
+    output_ids = torch.load(args.dir / "init.pt", weights_only=True)["output_ids"]
+    output_index = torch.full((target.config.vocab_size,), -1, dtype=torch.long)
+    output_index[output_ids] = torch.arange(output_ids.numel())
+    features = target_features(target, data, args.dir)
+    hidden = hidden_states(target, data, layers, args.dir / f"hidden-{'-'.join(map(str, layers))}.safetensors") if layers else None
+    embedding = target.embed.weight.detach()
+    network = init_eagle(target, output_ids, args.seed)
+    fusion = Fusion(len(layers), target.config.hidden_size, target.config.rms_norm_eps) if layers else None
+    del target
+    model = nn.ModuleDict({"network": network, **({"fusion": fusion} if fusion else {})})
+
+    def objective(indices: Sequence[int]) -> FusedObjective:
+        return FusedObjective(network, fusion, None if hidden is None else [hidden[i] for i in indices],
+                              embedding, [features[i] for i in indices])
+
+    held_data, held_objective = data.subset(held), objective(held)
+    log = args.out / "log.jsonl"
+    started = time.perf_counter()
+    rows: list[dict] = []
+
+    def report(epoch: int) -> None:
+        row = {"layers": layers, "epoch": epoch, "seconds": round(time.perf_counter() - started)}
+        for depth in (1, 2):
+            scores = evaluate(model, held_data, output_index, 2048, lambda i, ids, d=depth: held_objective.logits(i, ids, d))
+            row[f"depth{depth}"] = {k: round(v, 4) for k, v in scores["all"].items() if k != "positions"}
+            if depth == 1:
+                row["categories"] = {c: round(s["alpha_greedy"], 4) for c, s in scores.items() if c != "all"}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        with log.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+
+    config = TrainConfig(epochs=args.epochs, lr=args.lr, seed=args.seed)
+    training = objective(train_idx)
+    train(model, data.subset(train_idx), output_index, config, args.out, loss_fn=training.loss,
+          on_epoch=lambda epoch: report(epoch) if epoch else None)
+    report(args.epochs)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
