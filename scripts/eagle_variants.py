@@ -1,20 +1,25 @@
-"""Experiment: does an EAGLE draft gain from the target's middle layers as well as its final feature?
+"""Experiments on the EAGLE draft's design, each trained against the plain network on the same data.
 
-EAGLE-3 (Li et al. 2025) feeds its draft a fusion of low, middle and high layers of the target instead of
-the top feature alone, which is shaped for the next token only. This trains, on a finished
-`specdecode distill --eagle` work directory's data (its held-out split, its head tokens, its cached final
-features), a fresh EAGLE network whose input feature is
+Both train, on a finished `specdecode distill --eagle` work directory's data (its held-out split, its head
+tokens, its cached final features), a fresh EAGLE network and print the teacher-forced held-out alpha after
+every epoch at draft depths 1 and 2. With neither option it is the plain network: the baseline.
+
+`--layers a,b`: EAGLE-3's feature fusion (Li et al. 2025), which feeds the draft low, middle and high
+layers of the target instead of the top feature alone, shaped for the next token only. The input
+feature becomes
 
     f_{j-1} + W [norm(h^a_{j-1}); norm(h^b_{j-1}); ...]      h^l: the target's residual stream after layer l
 
-with W starting at zero (so it starts as the plain network), and prints the teacher-forced held-out alpha
-after every epoch at draft depths 1 and 2. `--layers ''` trains the plain network the same way: the
-baseline. Deeper in a draft (depth 2) the network's own g stands in for the whole input, as in decoding.
+with W starting at zero (so it starts as the plain network). Deeper in a draft (depth 2) the network's
+own g stands in for the whole input, as in decoding. The layers' outputs are cached in
+DIR/hidden-<layers>.safetensors (float16, keyed as features.safetensors).
 
-    python scripts/eagle_fused_features.py work/ft-d2 --layers 3,15 --out work/fused/l3-15
-    python scripts/eagle_fused_features.py work/ft-d2 --layers '' --out work/fused/base
+`--decoder-layers n`: n decoder layers of the target's shape instead of one (a costlier draft step).
 
-The layers' outputs are cached in DIR/hidden-<layers>.safetensors (float16, keyed as features.safetensors).
+    python scripts/eagle_variants.py work/ft-d2 --out work/fused/base
+    python scripts/eagle_variants.py work/ft-d2 --layers 3,15 --out work/fused/l3-15
+    python scripts/eagle_variants.py work/ft-d2 --decoder-layers 2 --out work/fused/two
+
 Research tooling: docs/distill.md gives the results.
 """
 
@@ -39,9 +44,11 @@ from specdecode.distill.recipe import held_out_indices
 from specdecode.distill.teacher import TeacherData, load_teacher
 from specdecode.distill.train import TrainConfig, evaluate, make_batches, train
 from specdecode.models.loading import load_model
-from specdecode.native.batched import decoder_stack
+from specdecode.native.batched import attention_inputs, attention_then_mlp, decoder_stack
+from specdecode.native.eagle import EagleNetwork, unrolled_mask
 from specdecode.native.loading import native_from_hf_model
-from specdecode.native.model import NativeTransformer, RMSNorm
+from specdecode.native.model import DecoderLayer, NativeTransformer, RMSNorm
+from specdecode.native.rope import rope_for
 
 
 @torch.no_grad()
@@ -85,12 +92,38 @@ class Fusion(nn.Module):
         return self.project(torch.cat([norm(part) for norm, part in zip(self.norms, parts)], dim=-1))
 
 
-class FusedObjective(EagleObjective):
-    """EagleObjective whose depth-1 input feature is f_{j-1} + fusion(h_{j-1})."""
+def unrolled_features(network: EagleNetwork, extra: Sequence[DecoderLayer], previous: torch.Tensor,
+                      embedded: torch.Tensor, depth: int) -> list[torch.Tensor]:
+    """`EagleNetwork.unrolled_features` with the decoder layers extra after the network's own, each with its keys."""
+    layers, config = [network.layer, *extra], network.config
+    length = embedded.shape[1]
+    cos, sin = rope_for(config, length, embedded.dtype)  # [L, 1, D]
+    gqa = config.num_heads != config.num_kv_heads
+    keys: list[list[torch.Tensor]] = [[] for _ in layers]
+    values: list[list[torch.Tensor]] = [[] for _ in layers]
+    outputs = []
+    for level in range(1, depth + 1):
+        x = network._input(previous, embedded)  # [B, L, H]
+        mask = None if level == 1 else unrolled_mask(length, level, x.device)  # [L, level * L]
+        for number, layer in enumerate(layers):
+            q, k, v = attention_inputs(layer, config, x, cos, sin)  # [B, heads, L, D]
+            keys[number].append(k)
+            values[number].append(v)
+            attended = F.scaled_dot_product_attention(q, torch.cat(keys[number], dim=2), torch.cat(values[number], dim=2),
+                                                      attn_mask=mask, is_causal=mask is None, enable_gqa=gqa)
+            x = attention_then_mlp(layer, x, attended)
+        outputs.append(x)
+        previous = F.pad(x[:, :-1], (0, 0, 1, 0))  # g at j - 1 read at j; zero at position 0
+    return outputs
 
-    def __init__(self, network, fusion: Fusion | None, hidden: Sequence[torch.Tensor] | None, embedding, features, depth=1):
+
+class FusedObjective(EagleObjective):
+    """EagleObjective whose depth-1 input feature is f_{j-1} + fusion(h_{j-1}), through the network's layer and extra."""
+
+    def __init__(self, network, fusion: Fusion | None, hidden: Sequence[torch.Tensor] | None, embedding, features,
+                 depth=1, extra: Sequence[DecoderLayer] = ()):
         super().__init__(network, embedding, features, depth=depth)
-        self.fusion, self.hidden = fusion, hidden
+        self.fusion, self.hidden, self.extra = fusion, hidden, list(extra)
 
     def _g(self, indices, ids, depth):
         previous = self._shifted(indices, ids, 1)  # [B, L, H]
@@ -100,14 +133,15 @@ class FusedObjective(EagleObjective):
                 seq = self.hidden[i].float()
                 h[row, 1 : len(seq)] = seq[:-1]
             previous = previous + self.fusion(h)
-        return self.network.unrolled_features(previous, F.embedding(ids, self.embedding), depth)
+        return unrolled_features(self.network, self.extra, previous, F.embedding(ids, self.embedding), depth)
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     """Train the network and return the report rows (also appended to OUT/log.jsonl)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("dir", type=Path, help="a `specdecode distill --eagle` work directory (teacher shards, features, init.pt)")
-    parser.add_argument("--layers", default="3,15", help="target layers (0-based) fused in, comma-separated; '' for the baseline")
+    parser.add_argument("--layers", default="", help="target layers (0-based) fused in, comma-separated (default none)")
+    parser.add_argument("--decoder-layers", type=int, default=1, help="decoder layers of the network (default 1)")
     parser.add_argument("--out", type=Path, required=True, help="where the checkpoint and the log go")
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--lr", type=float, default=1e-3)
@@ -119,6 +153,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         layers = sorted({int(x) for x in args.layers.split(",") if x.strip()})
     except ValueError:
         parser.error(f"--layers: comma-separated layer numbers, got {args.layers!r}")
+    if args.decoder_layers < 1:
+        parser.error(f"--decoder-layers: at least 1, got {args.decoder_layers}")
     args.out.mkdir(parents=True, exist_ok=True)
 
     settings = json.loads((args.dir / "data.json").read_text())
@@ -136,12 +172,13 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     embedding = target.embed.weight.detach()
     network = init_eagle(target, output_ids, args.seed)
     fusion = Fusion(len(layers), target.config.hidden_size, target.config.rms_norm_eps) if layers else None
+    extra = nn.ModuleList(DecoderLayer(network.config, torch.float32) for _ in range(args.decoder_layers - 1))
     del target
-    model = nn.ModuleDict({"network": network, **({"fusion": fusion} if fusion else {})})
+    model = nn.ModuleDict({"network": network, "extra": extra, **({"fusion": fusion} if fusion else {})})
 
     def objective(indices: Sequence[int]) -> FusedObjective:
         return FusedObjective(network, fusion, None if hidden is None else [hidden[i] for i in indices],
-                              embedding, [features[i] for i in indices])
+                              embedding, [features[i] for i in indices], extra=extra)
 
     held_data, held_objective = data.subset(held), objective(held)
     log = args.out / "log.jsonl"
@@ -149,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     rows: list[dict] = []
 
     def report(epoch: int) -> None:
-        row = {"layers": layers, "epoch": epoch, "seconds": round(time.perf_counter() - started)}
+        row = {"layers": layers, "decoder_layers": args.decoder_layers, "epoch": epoch, "seconds": round(time.perf_counter() - started)}
         for depth in (1, 2):
             scores = evaluate(model, held_data, output_index, 2048, lambda i, ids, d=depth: held_objective.logits(i, ids, d))
             row[f"depth{depth}"] = {k: round(v, 4) for k, v in scores["all"].items() if k != "positions"}
