@@ -101,9 +101,7 @@ def extract_features(workdir: Path, threads: int) -> None:
     batches = make_batches([len(t) for t in data.ids], 4096, random.Random(0))
     with torch.no_grad():
         for number, indices in enumerate(batches, 1):
-            ids = torch.zeros(len(indices), max(len(data.ids[i]) for i in indices), dtype=torch.long)
-            for row, i in enumerate(indices):
-                ids[row, : len(data.ids[i])] = data.ids[i]
+            ids = data.padded_ids(indices)
             out = target.norm(decoder_stack(target.layers, target.config, target.embed(ids)))  # [B, L, H]
             for row, i in enumerate(indices):
                 f = out[row, : len(data.ids[i])]

@@ -64,9 +64,7 @@ def depth_logits(network, embedding: torch.Tensor, data: TeacherData, features: 
     objective = EagleObjective(network, embedding, features)
     with torch.no_grad():
         for indices in make_batches([len(t) for t in data.ids], batch_tokens, random.Random(0)):
-            ids = torch.zeros(len(indices), max(len(data.ids[i]) for i in indices), dtype=torch.long)
-            for row, i in enumerate(indices):
-                ids[row, : len(data.ids[i])] = data.ids[i]
+            ids = data.padded_ids(indices)
             yield indices, ids, objective.logits_by_depth(indices, ids, depth)
 
 

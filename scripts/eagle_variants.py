@@ -61,10 +61,7 @@ def hidden_states(target: NativeTransformer, data: TeacherData, layers: Sequence
                 return [f.get_tensor(key) for key in keys]
     out: dict[str, torch.Tensor] = {}
     for batch in tqdm(make_batches([len(t) for t in data.ids], 4096, random.Random(0)), desc="hidden states", unit="batch"):
-        ids = torch.zeros(len(batch), max(len(data.ids[i]) for i in batch), dtype=torch.long)
-        for row, i in enumerate(batch):
-            ids[row, : len(data.ids[i])] = data.ids[i]
-        x, kept = target.embed(ids), []  # [B, L, H]
+        x, kept = target.embed(data.padded_ids(batch)), []  # [B, L, H]
         for number, layer in enumerate(target.layers[: max(layers) + 1]):
             x = decoder_stack([layer], target.config, x)
             if number in layers:

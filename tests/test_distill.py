@@ -180,6 +180,16 @@ def test_teacher_data_agrees_with_the_greedy_responses(distilled):
     assert len(greedy) >= 8  # batch 1 of 0..2 is greedy (sample_fraction 0.5): its tokens are the target's argmaxes
 
 
+def test_padded_ids_right_pad_the_chosen_sequences_with_zero(distilled):
+    data = load_teacher(distilled[0])
+    indices = sorted(range(len(data)), key=lambda i: len(data.ids[i]))[:: max(1, len(data) // 3)]
+    ids = data.padded_ids(indices)
+    assert ids.shape == (len(indices), max(len(data.ids[i]) for i in indices)) and ids.dtype == torch.long
+    for row, i in enumerate(indices):
+        n = len(data.ids[i])
+        assert torch.equal(ids[row, :n], data.ids[i]) and not ids[row, n:].any()
+
+
 def test_evaluation_prompts_are_refused(tmp_path):
     path = tmp_path / "spec_bench_dev.jsonl"
     path.write_text('{"turns": ["hi"]}\n')

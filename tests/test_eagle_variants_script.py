@@ -49,7 +49,7 @@ def test_the_fusion_starts_as_the_plain_network(work):
     embedding = target.embed.weight.detach()
     fusion = script.Fusion(1, target.config.hidden_size, target.config.rms_norm_eps)
     indices = list(range(3))
-    ids = torch.nn.utils.rnn.pad_sequence([data.ids[i] for i in indices], batch_first=True)
+    ids = data.padded_ids(indices)
     fused = script.FusedObjective(network, fusion, hidden, embedding, features)
     plain = script.FusedObjective(network, None, None, embedding, features)
     assert torch.equal(fused.logits(indices, ids), plain.logits(indices, ids))

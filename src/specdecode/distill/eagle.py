@@ -61,9 +61,7 @@ def target_features(target: NativeTransformer, data: TeacherData, workdir: Path,
     batches = make_batches([len(data.ids[i]) for i in missing], batch_tokens, random.Random(0))
     for batch in tqdm(batches, desc="target features", unit="batch"):
         indices = [missing[b] for b in batch]
-        ids = torch.zeros(len(indices), max(len(data.ids[i]) for i in indices), dtype=torch.long)
-        for row, i in enumerate(indices):
-            ids[row, : len(data.ids[i])] = data.ids[i]
+        ids = data.padded_ids(indices)
         out = target.norm(decoder_stack(target.layers, target.config, target.embed(ids)))  # [B, L, H]
         for row, i in enumerate(indices):
             features[keys[i]] = out[row, : len(data.ids[i])].half().contiguous()

@@ -63,6 +63,13 @@ class TeacherData:
     def num_positions(self) -> int:
         return sum(len(t) for t in self.topk_ids)
 
+    def padded_ids(self, indices: Sequence[int]) -> torch.Tensor:
+        """[B, L]: the sequences at indices, right-padded with 0 to the longest of them."""
+        ids = torch.zeros(len(indices), max(len(self.ids[i]) for i in indices), dtype=torch.long)
+        for row, i in enumerate(indices):
+            ids[row, : len(self.ids[i])] = self.ids[i]
+        return ids
+
     def subset(self, indices: Sequence[int]) -> "TeacherData":
         return TeacherData(*([getattr(self, f)[i] for i in indices] for f in ("ids", "first", "topk_ids", "topk_logp", "categories")))
 

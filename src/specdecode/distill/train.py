@@ -91,12 +91,9 @@ def _targets(data: TeacherData, index: int, output_index: torch.Tensor) -> tuple
 
 def _batch(data: TeacherData, indices: Sequence[int], output_index: torch.Tensor):
     """Padded ids [B, L] and, flattened over the scored positions: batch rows, positions, head indices, p."""
-    width = max(len(data.ids[i]) for i in indices)
-    ids = torch.zeros(len(indices), width, dtype=torch.long)
+    ids = data.padded_ids(indices)
     rows, positions, idx, p = [], [], [], []
     for row, i in enumerate(indices):
-        n_ids = len(data.ids[i])
-        ids[row, :n_ids] = data.ids[i]
         first = data.first[i]
         n = len(data.topk_ids[i])
         rows.append(torch.full((n,), row))
