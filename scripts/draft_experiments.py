@@ -29,7 +29,7 @@ from torch import nn
 
 from specdecode.distill.recipe import held_out_indices
 from specdecode.distill.teacher import load_teacher
-from specdecode.distill.train import _batch, _lr_factor, distill_loss, draft_logits, evaluate, make_batches
+from specdecode.distill.train import _batch, _lr_factor, distill_loss, draft_logits, evaluate, make_batches, tv_loss
 from specdecode.native.batched import decoder_stack
 from specdecode.drafters.distilled import build_draft_transformer
 from specdecode.native import load_native
@@ -38,12 +38,6 @@ from specdecode.native.model import DecoderLayer, NativeTransformer, RMSNorm
 from specdecode.native.quant import Int8Embedding, quantize_per_channel
 
 FEATURES = "features.safetensors"
-
-
-def tv_loss(logits: torch.Tensor, idx: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """Mean over positions of 1 - sum_j min(p_j, q(idx_j)): the total variation alpha measures (top-k p)."""
-    q_at = torch.softmax(logits.float(), dim=-1).gather(1, idx.clamp_min(0)) * (idx >= 0)
-    return 1 - torch.minimum(p, q_at).sum(dim=-1).mean()
 
 
 class CutWithFeatures(nn.Module):

@@ -16,9 +16,15 @@ DIR/hidden-<layers>.safetensors (float16, keyed as features.safetensors).
 
 `--decoder-layers n`: n decoder layers of the target's shape instead of one (a costlier draft step).
 
+`--tv-weight w`: adds w x the total variation between the target's top-k p and the draft's q (what alpha
+at T=1 measures; `specdecode.distill.train.tv_loss`) to the forward-KL loss.
+
+`--depth d --deep-epochs n`: as `specdecode distill`'s, the last n epochs also train draft tokens 2 .. d.
+
     python scripts/eagle_variants.py work/ft-d2 --out work/fused/base
     python scripts/eagle_variants.py work/ft-d2 --layers 3,15 --out work/fused/l3-15
     python scripts/eagle_variants.py work/ft-d2 --decoder-layers 2 --out work/fused/two
+    python scripts/eagle_variants.py work/ft-d2 --tv-weight 5 --out work/fused/tv5
 
 Research tooling: docs/distill.md gives the results.
 """
@@ -118,8 +124,8 @@ class FusedObjective(EagleObjective):
     """EagleObjective whose depth-1 input feature is f_{j-1} + fusion(h_{j-1}), through the network's layer and extra."""
 
     def __init__(self, network, fusion: Fusion | None, hidden: Sequence[torch.Tensor] | None, embedding, features,
-                 depth=1, extra: Sequence[DecoderLayer] = ()):
-        super().__init__(network, embedding, features, depth=depth)
+                 depth=1, extra: Sequence[DecoderLayer] = (), tv_weight: float = 0.0):
+        super().__init__(network, embedding, features, depth=depth, tv_weight=tv_weight)
         self.fusion, self.hidden, self.extra = fusion, hidden, list(extra)
 
     def _g(self, indices, ids, depth):
@@ -139,6 +145,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser.add_argument("dir", type=Path, help="a `specdecode distill --eagle` work directory (teacher shards, features, init.pt)")
     parser.add_argument("--layers", default="", help="target layers (0-based) fused in, comma-separated (default none)")
     parser.add_argument("--decoder-layers", type=int, default=1, help="decoder layers of the network (default 1)")
+    parser.add_argument("--tv-weight", type=float, default=0.0, help="weight of a total-variation term in the loss (default 0)")
+    parser.add_argument("--depth", type=int, default=1, help="draft tokens trained (default 1)")
+    parser.add_argument("--deep-epochs", type=int, help="with --depth: the last N epochs train the deeper tokens (default every epoch)")
     parser.add_argument("--out", type=Path, required=True, help="where the checkpoint and the log go")
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--lr", type=float, default=1e-3)
@@ -152,6 +161,12 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         parser.error(f"--layers: comma-separated layer numbers, got {args.layers!r}")
     if args.decoder_layers < 1:
         parser.error(f"--decoder-layers: at least 1, got {args.decoder_layers}")
+    if not args.tv_weight >= 0:
+        parser.error(f"--tv-weight: a non-negative number, got {args.tv_weight}")
+    try:
+        config = TrainConfig(epochs=args.epochs, lr=args.lr, seed=args.seed, depth=args.depth, deep_epochs=args.deep_epochs)
+    except ValueError as error:
+        parser.error(str(error))
     args.out.mkdir(parents=True, exist_ok=True)
 
     settings = json.loads((args.dir / "data.json").read_text())
@@ -175,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
 
     def objective(indices: Sequence[int]) -> FusedObjective:
         return FusedObjective(network, fusion, None if hidden is None else [hidden[i] for i in indices],
-                              embedding, [features[i] for i in indices], extra=extra)
+                              embedding, [features[i] for i in indices], extra=extra, tv_weight=args.tv_weight)
 
     held_data, held_objective = data.subset(held), objective(held)
     log = args.out / "log.jsonl"
@@ -183,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     rows: list[dict] = []
 
     def report(epoch: int) -> None:
-        row = {"layers": layers, "decoder_layers": args.decoder_layers, "epoch": epoch, "seconds": round(time.perf_counter() - started)}
+        row = {"layers": layers, "decoder_layers": args.decoder_layers, "tv_weight": args.tv_weight, "depth": args.depth, "epoch": epoch, "seconds": round(time.perf_counter() - started)}
         for depth in (1, 2):
             scores = evaluate(model, held_data, output_index, 2048, lambda i, ids, d=depth: held_objective.logits(i, ids, d))
             row[f"depth{depth}"] = {k: round(v, 4) for k, v in scores["all"].items() if k != "positions"}
@@ -194,10 +209,14 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         with log.open("a") as f:
             f.write(json.dumps(row) + "\n")
 
-    config = TrainConfig(epochs=args.epochs, lr=args.lr, seed=args.seed)
     training = objective(train_idx)
-    train(model, data.subset(train_idx), output_index, config, args.out, loss_fn=training.loss,
-          on_epoch=lambda epoch: report(epoch) if epoch else None)
+
+    def on_epoch(epoch: int) -> None:
+        if epoch:
+            report(epoch)
+        training.depth = config.depth_in_epoch(epoch)
+
+    train(model, data.subset(train_idx), output_index, config, args.out, loss_fn=training.loss, on_epoch=on_epoch)
     report(args.epochs)
     return rows
 

@@ -26,7 +26,7 @@ from specdecode.distill.sources import (
 )
 from specdecode.distill.teacher import generate_responses, load_teacher, response_batches
 from specdecode.distill.recipe import init_draft
-from specdecode.distill.train import distill_loss, draft_logits, make_batches
+from specdecode.distill.train import distill_loss, draft_logits, make_batches, tv_loss
 from specdecode.drafters import LookupThenModelDrafter, ModelDrafter
 from specdecode.drafters.distilled import (
     ReducedVocabLM,
@@ -107,6 +107,16 @@ def test_make_batches_respects_the_token_budget_and_covers_every_sequence():
     batches = make_batches(lengths, 128, random.Random(0))
     assert sorted(i for b in batches for i in b) == list(range(50))
     assert all(max(lengths[i] for i in b) * len(b) <= 128 or len(b) == 1 for b in batches)
+
+
+def test_tv_loss_is_one_minus_the_overlap_of_p_and_q_on_the_head():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.1, 0.8]]))  # q [2, K=3]
+    idx = torch.tensor([[0, 2], [1, -1]])  # the target's top-2 tokens as head indices; -1: outside the head
+    p = torch.tensor([[0.6, 0.4], [1.0, 0.0]])
+    overlap = [min(0.6, 0.5) + min(0.4, 0.2), min(1.0, 0.1)]
+    torch.testing.assert_close(tv_loss(logits, idx, p), torch.tensor(1 - sum(overlap) / 2))
+    same = torch.log(torch.tensor([[0.6, 0.0, 0.4]]))  # q == p: no loss, no NaN from the zero
+    torch.testing.assert_close(tv_loss(same, torch.tensor([[0, 2]]), torch.tensor([[0.6, 0.4]])), torch.tensor(0.0))
 
 
 def test_distill_writes_a_loadable_draft_that_learned(distilled, tiny_target):
@@ -340,6 +350,7 @@ def test_model_card_names_the_categories_its_draft_was_trained_on():
         (["--eagle", "--depth", "0"], "depth must be a positive integer"),
         (["--eagle", "--deep-epochs", "1"], "deep_epochs applies to depth > 1"),
         (["--eagle", "--depth", "2", "--epochs", "2", "--deep-epochs", "3"], "deep_epochs must be an integer in [1, epochs=2]"),
+        (["--tv-weight", "-1"], "tv_weight must be a non-negative number"),
     ],
 )
 def test_cli_rejects_bad_settings(argv, message, tmp_path, capsys):
@@ -573,6 +584,12 @@ def test_distilling_an_eagle_draft_learns_from_the_targets_features(eagle_distil
         before = EagleObjective(start, native.embed.weight, features).loss(range(len(data)), *batch)
         after = EagleObjective(trained, native.embed.weight, features).loss(range(len(data)), *batch)
     assert after < before - 0.1, f"EAGLE distillation did not lower the loss: {before:.3f} -> {after:.3f}"
+    with torch.no_grad():  # tv_weight adds that multiple of the head's total variation to the loss
+        with_tv = EagleObjective(trained, native.embed.weight, features, tv_weight=3.0).loss(range(len(data)), *batch)
+        g = EagleObjective(trained, native.embed.weight, features)._g(range(len(data)), batch[0], 1)[0][batch[1], batch[2]]
+    torch.testing.assert_close(with_tv, after + 3.0 * tv_loss(trained.head(g), *batch[3:]))
+    with pytest.raises(ValueError, match="tv_weight"):
+        EagleObjective(trained, native.embed.weight, features, tv_weight=-1.0)
 
     loaded = load_native(str(target))
     drafter = make_drafter(str(out / "draft"), loaded)
@@ -637,6 +654,30 @@ def test_deep_epochs_train_the_deeper_tokens_in_the_last_epochs_only(tiny_target
     assert depths == [1] * (len(depths) - steps) + [2] * steps and steps > 0
     assert "first 2 draft tokens in the last epoch (" in (tmp_path / "draft" / "README.md").read_text()
     assert report["training"]["deep_epochs"] == 1
+
+
+def test_tv_weight_reaches_the_loss_of_both_kinds_of_draft(tiny_target, tmp_path, monkeypatch):
+    from specdecode.distill import train as train_module
+    from specdecode.distill.eagle import EagleObjective
+
+    weights: list[float] = []  # the EAGLE objective's tv_weight at each training step
+    loss = EagleObjective.loss
+    monkeypatch.setattr(EagleObjective, "loss", lambda self, *batch: weights.append(self.tv_weight) or loss(self, *batch))
+    target, prompts = tiny_target
+    distill(str(target), tmp_path / "eagle", _data(prompts), EAGLE, dataclasses.replace(EAGLE_TRAIN, tv_weight=2.5), held_out=0.25)
+    assert weights and set(weights) == {2.5}
+    assert "plus 2.5 x their total variation" in (tmp_path / "eagle" / "draft" / "README.md").read_text()
+
+    calls: list[str] = []  # a transformer draft's steps: tv_loss beside each distill_loss, and only with a weight
+    for name in ("distill_loss", "tv_loss"):
+        monkeypatch.setattr(train_module, name, lambda *args, f=getattr(train_module, name), n=name: calls.append(n) or f(*args))
+    small = TrainConfig(epochs=1, batch_tokens=256, lr=1e-2, warmup_steps=2)
+    distill(str(target), tmp_path / "plain", _data(prompts), ARCH, small, held_out=0.25)
+    assert calls and set(calls) == {"distill_loss"}
+    assert "total variation" not in (tmp_path / "plain" / "draft" / "README.md").read_text()
+    calls.clear()
+    distill(str(target), tmp_path / "tv", _data(prompts), ARCH, dataclasses.replace(small, tv_weight=1.0), held_out=0.25)
+    assert calls == ["distill_loss", "tv_loss"] * (len(calls) // 2) and calls
 
 
 def test_target_features_are_kept_by_token_ids_so_added_sequences_alone_are_computed(eagle_distilled, tmp_path, monkeypatch):

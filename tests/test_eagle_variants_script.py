@@ -80,12 +80,15 @@ def test_one_decoder_layer_unrolls_as_the_eagle_network_does(work):
     assert all(torch.allclose(a[:, :4], b[:, :4], atol=1e-5) for a, b in zip(deeper[:1], again[:1]))
 
 
-@pytest.mark.parametrize("options", [["--layers", "0"], [], ["--decoder-layers", "2"]])
+@pytest.mark.parametrize("options", [["--layers", "0"], [], ["--decoder-layers", "2"], ["--tv-weight", "5"],
+                                     ["--depth", "2", "--deep-epochs", "1"]])
 def test_each_variant_reports_held_out_alpha_each_epoch(work, tmp_path, options):
     script = load_script("eagle_variants")
     rows = script.main([str(work), *options, "--out", str(tmp_path / "run"), "--epochs", "2", "--threads", "1"])
     assert [r["epoch"] for r in rows] == [1, 2] and rows[0]["layers"] == ([0] if "--layers" in options else [])
     assert rows[0]["decoder_layers"] == (2 if "--decoder-layers" in options else 1)
+    assert rows[0]["tv_weight"] == (5.0 if "--tv-weight" in options else 0.0)
+    assert rows[0]["depth"] == (2 if "--depth" in options else 1)
     for row in rows:
         for depth in ("depth1", "depth2"):
             assert 0 <= row[depth]["alpha_greedy"] <= 1 and 0 < row[depth]["alpha_t1"] <= 1
@@ -95,8 +98,21 @@ def test_each_variant_reports_held_out_alpha_each_epoch(work, tmp_path, options)
 
 
 @pytest.mark.parametrize(("options", "name"), [(["--layers", "x"], "--layers"), (["--layers", "0,99"], "--layers"),
-                                               (["--layers", "-1"], "--layers"), (["--decoder-layers", "0"], "--decoder-layers")])
+                                               (["--layers", "-1"], "--layers"), (["--decoder-layers", "0"], "--decoder-layers"),
+                                               (["--tv-weight", "-1"], "--tv-weight"), (["--deep-epochs", "1"], "deep_epochs")])
 def test_bad_options_are_refused_by_name(work, tmp_path, options, name, capsys):
     with pytest.raises(SystemExit):
         load_script("eagle_variants").main([str(work), *options, "--out", str(tmp_path / "o")])
     assert name in capsys.readouterr().err
+
+
+def test_deep_epochs_train_the_second_token_in_the_last_epoch_only(work, tmp_path, monkeypatch):
+    from specdecode.distill.eagle import EagleObjective
+
+    depths: list[int] = []  # the training objective's depth at each step
+    loss = EagleObjective.loss
+    monkeypatch.setattr(EagleObjective, "loss", lambda self, *batch: depths.append(self.depth) or loss(self, *batch))
+    load_script("eagle_variants").main([str(work), "--depth", "2", "--deep-epochs", "1", "--out", str(tmp_path / "run"),
+                                        "--epochs", "2", "--threads", "1"])
+    steps = len(depths) // 2
+    assert depths == [1] * steps + [2] * steps and steps > 0

@@ -40,7 +40,7 @@ Never the evaluation prompts (`spec_bench_dev.jsonl`). {report['train_sequences'
 ({report['train_positions']:,} scored positions), {report['held_out_sequences']} held out. Seed {data['seed']}.
 
 ## Training
-Forward KL to the target's top-k distribution (restricted to the head's vocabulary){_feature_loss(arch, training)}, AdamW lr {training['lr']},
+Forward KL to the target's top-k distribution (restricted to the head's vocabulary){_tv_term(training)}{_feature_loss(arch, training)}, AdamW lr {training['lr']},
 {training['epochs']} epochs of {training['batch_tokens']}-token batches, warm-up {training['warmup_steps']} steps then cosine decay.
 {_timing(report)}
 
@@ -123,6 +123,11 @@ def _architecture(arch: dict, parameters: int, vocab) -> str:
             f"SwiGLU {arch['intermediate']},\nRoPE as the target; input embeddings over the target's whole vocabulary, "
             f"head over {vocab} most likely\ntarget tokens; {parameters:,} parameters, stored in bfloat16, run in float32.\n"
             f"Initialised from the target's token embeddings (PCA to the draft's width): {arch['init_from_target']}.")
+
+
+def _tv_term(training: dict) -> str:
+    weight = training.get("tv_weight", 0.0)
+    return f" plus {weight:g} x their total variation (1 - sum min(p, q), what alpha at T=1 measures)" if weight else ""
 
 
 def _feature_loss(arch: dict, training: dict) -> str:

@@ -93,6 +93,9 @@ def add_parser(commands) -> argparse.ArgumentParser:
                        "previous output as in decoding (default 1: the first only)")
     train.add_argument("--deep-epochs", type=int, help="with --depth: only the last N epochs train the deeper tokens, "
                        "the others the first token alone (a depth-1 step costs about a third of a depth-2 one; default: every epoch)")
+    train.add_argument("--tv-weight", type=float, default=_DEFAULTS["tv_weight"],
+                       help="add this multiple of the total variation between the target's and the draft's distributions "
+                       "(what alpha at temperature 1 measures) to the forward-KL loss (default 0)")
     train.add_argument("--checkpoint-every", type=int, default=_DEFAULTS["checkpoint_every"], help="steps between checkpoints")
     train.add_argument("--held-out", type=float, default=0.08, help="share of sequences held out for the alpha report")
     parser.add_argument("--seed", type=int, default=0)
@@ -119,7 +122,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         )
         training = TrainConfig(epochs=args.epochs, batch_tokens=args.batch_tokens, lr=args.lr,
                                checkpoint_every=args.checkpoint_every, seed=args.seed, depth=args.depth,
-                               deep_epochs=args.deep_epochs)
+                               deep_epochs=args.deep_epochs, tv_weight=args.tv_weight)
         if args.depth > 1 and not args.eagle:
             raise ValueError(f"--depth {args.depth} trains an EAGLE draft's deeper tokens; add --eagle")
         continue_from = _continue_from(args.continue_from, args.target, args.eagle)

@@ -23,7 +23,7 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from specdecode.distill.teacher import TeacherData
-from specdecode.distill.train import distill_loss, make_batches
+from specdecode.distill.train import distill_loss, make_batches, tv_loss
 from specdecode.drafters.eagle import is_eagle_draft, load_eagle
 from specdecode.native.batched import decoder_stack
 from specdecode.native.eagle import EagleNetwork
@@ -112,18 +112,22 @@ class EagleObjective:
     embedding: the target's token embedding table [V, H]; features: f [L_i, H] of each sequence, aligned
     with the data set whose indices the methods take. depth: the draft depths the loss trains (1: the first
     draft token only; d > 1 also the next d - 1, each reading the network's own previous g as decoding does,
-    `EagleNetwork.unrolled_features`), weighted equally.
+    `EagleNetwork.unrolled_features`), weighted equally. tv_weight: adds tv_weight x the total variation
+    (`train.tv_loss`, what alpha at T=1 measures) to the distillation loss at each depth.
     """
 
     def __init__(self, network: EagleNetwork, embedding: torch.Tensor, features: Sequence[torch.Tensor],
-                 feature_weight: float = 1.0, depth: int = 1) -> None:
+                 feature_weight: float = 1.0, depth: int = 1, tv_weight: float = 0.0) -> None:
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
             raise ValueError(f"depth must be a positive integer, got {depth!r}")
+        if not tv_weight >= 0:
+            raise ValueError(f"tv_weight must be a non-negative number, got {tv_weight!r}")
         self.network = network
         self.embedding = embedding
         self.features = features
         self.feature_weight = feature_weight
         self.depth = depth
+        self.tv_weight = tv_weight
 
     def _shifted(self, indices: Sequence[int], ids: torch.Tensor, shift: int) -> torch.Tensor:
         """[B, L, H]: f_{j - shift} of the sequences at each position j (zero before the start and in the padding)."""
@@ -147,11 +151,14 @@ class EagleObjective:
 
     def loss(self, indices: Sequence[int], ids: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor,
              idx: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-        """Mean over the trained depths of the head's distillation loss plus feature_weight x smooth-L1 of g_j
-        against f_j (at the scored positions)."""
+        """Mean over the trained depths of the head's distillation loss (plus tv_weight x its total variation)
+        plus feature_weight x smooth-L1 of g_j against f_j (at the scored positions)."""
         f = self._shifted(indices, ids, 0)[rows, positions]  # [n, H]
         total = torch.zeros(())
         for g_all in self._g(indices, ids, self.depth):
             g = g_all[rows, positions]  # [n, H]
-            total = total + distill_loss(self.network.head(g), idx, p) + self.feature_weight * F.smooth_l1_loss(g, f)
+            logits = self.network.head(g)  # [n, K]
+            total = total + distill_loss(logits, idx, p) + self.feature_weight * F.smooth_l1_loss(g, f)
+            if self.tv_weight:
+                total = total + self.tv_weight * tv_loss(logits, idx, p)
         return total / self.depth

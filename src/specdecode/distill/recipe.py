@@ -180,7 +180,8 @@ def weight_count(model: torch.nn.Module) -> int:
 
 
 def _start_eagle(loaded, out: Path, data: TeacherData, train_indices: list[int],
-                 choose_output: Callable[[], torch.Tensor], seed: int, continue_from: Path | None = None):
+                 choose_output: Callable[[], torch.Tensor], seed: int, continue_from: Path | None = None,
+                 tv_weight: float = 0.0):
     """An EAGLE network (from out/init.pt when resuming), its output_ids, the training objective (its depth set per
     epoch by the caller), and logits_on: logits_on(indices into data, d) gives the logits_fn `evaluate` takes for
     data.subset(indices) at draft depth d.
@@ -189,6 +190,7 @@ def _start_eagle(loaded, out: Path, data: TeacherData, train_indices: list[int],
     continue_from (an EAGLE draft directory for this target) training starts from its weights and head instead.
 
     Reads (or first computes) the target's features of every sequence, and keeps the target's embedding table.
+    tv_weight: the objective's total-variation term (`EagleObjective`).
     """
     target = native_from_hf_model(loaded.hf_model, torch.float32)
     init_path = out / "init.pt"
@@ -213,7 +215,7 @@ def _start_eagle(loaded, out: Path, data: TeacherData, train_indices: list[int],
                     "continue_from": started_from}, init_path)
     features = target_features(target, data, out)
     embedding = target.embed.weight.detach()
-    training = EagleObjective(network, embedding, [features[i] for i in train_indices])
+    training = EagleObjective(network, embedding, [features[i] for i in train_indices], tv_weight=tv_weight)
 
     def logits_on(indices: Sequence[int], depth: int = 1):
         return partial(EagleObjective(network, embedding, [features[i] for i in indices]).logits, depth=depth)
@@ -276,7 +278,7 @@ def distill(
         model, output_ids, objective, logits_on = _start_eagle(
             loaded, out, data, train_indices,
             lambda: choose_output_ids(train_data, architecture.output_vocab, vocab_size, eos), train_config.seed,
-            continue_from,
+            continue_from, train_config.tv_weight,
         )
         train_loss = objective.loss
 

@@ -1,7 +1,8 @@
 """Training a draft to match the target's cached next-token distributions (knowledge distillation).
 
 Loss: forward KL(p || q) per position (up to p's entropy), with p the target's top-k distribution
-restricted to the draft's output vocabulary and renormalised. Sequences are batched by length,
+restricted to the draft's output vocabulary and renormalised, optionally plus a multiple of the total
+variation 1 - sum min(p, q), which is what alpha at temperature 1 measures. Sequences are batched by length,
 the batch order of each epoch comes from (seed, epoch), and a checkpoint (model, optimiser,
 step) is written every `checkpoint_every` steps, so an interrupted run resumes where it stopped
 and ends with the same weights.
@@ -23,7 +24,7 @@ from specdecode.distill.teacher import TeacherData
 from specdecode.native.batched import decoder_stack
 from specdecode.native.model import NativeTransformer
 
-__all__ = ["TrainConfig", "draft_logits", "make_batches", "distill_loss", "evaluate", "train"]
+__all__ = ["TrainConfig", "draft_logits", "make_batches", "distill_loss", "tv_loss", "evaluate", "train"]
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ class TrainConfig:
     seed: int = 0
     depth: int = 1  # EAGLE drafts: the draft depths the loss trains (distill.eagle.EagleObjective)
     deep_epochs: int | None = None  # with depth > 1: the last deep_epochs epochs train them (None: every epoch), the rest depth 1
+    tv_weight: float = 0.0  # adds tv_weight x the total variation (tv_loss, what alpha at T=1 measures) to the KL loss
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_tokens", "checkpoint_every", "depth"):
@@ -49,6 +51,8 @@ class TrainConfig:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise ValueError(f"lr must be a positive number, got {self.lr!r}")
+        if not (self.tv_weight >= 0 and math.isfinite(self.tv_weight)):
+            raise ValueError(f"tv_weight must be a non-negative number, got {self.tv_weight!r}")
         if self.deep_epochs is not None:
             if self.depth == 1:
                 raise ValueError("deep_epochs applies to depth > 1")
@@ -111,6 +115,13 @@ def distill_loss(logits: torch.Tensor, idx: torch.Tensor, p: torch.Tensor) -> to
     return -(p * picked).sum(dim=-1).mean()
 
 
+def tv_loss(logits: torch.Tensor, idx: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """Mean over positions of 1 - sum_j min(p_j, q(idx_j)): the total variation alpha at T=1 measures (top-k p;
+    shapes as distill_loss)."""
+    q_at = torch.softmax(logits.float(), dim=-1).gather(1, idx.clamp_min(0)) * (idx >= 0)
+    return 1 - torch.minimum(p, q_at).sum(dim=-1).mean()
+
+
 @torch.no_grad()
 def evaluate(
     model: torch.nn.Module, data: TeacherData, output_index: torch.Tensor, batch_tokens: int,
@@ -169,7 +180,8 @@ def train(
     """Distil into model's parameters (in place), checkpointing to workdir/checkpoint.pt and resuming from it.
 
     loss_fn(indices, ids [B, L], rows [n], positions [n], idx [n, k], p [n, k]) -> loss stands in for the
-    distillation loss of draft_logits, for a draft that reads more than the token ids of train_data[indices].
+    distillation loss of draft_logits (and config.tv_weight's term: loss_fn applies its own), for a draft that
+    reads more than the token ids of train_data[indices].
     on_epoch(epoch) is called as each epoch starts (from 0; on resuming, for the epoch it resumes in too).
     """
     torch.manual_seed(config.seed)
@@ -197,7 +209,10 @@ def train(
                 group["lr"] = config.lr * _lr_factor(step, total, config.warmup_steps)
             ids, rows, positions, idx, p = _batch(train_data, indices, output_index)
             if loss_fn is None:
-                loss = distill_loss(draft_logits(model, ids)[rows, positions], idx, p)
+                logits = draft_logits(model, ids)[rows, positions]  # [n, K]
+                loss = distill_loss(logits, idx, p)
+                if config.tv_weight:
+                    loss = loss + config.tv_weight * tv_loss(logits, idx, p)
             else:
                 loss = loss_fn(indices, ids, rows, positions, idx, p)
             optimizer.zero_grad(set_to_none=True)
