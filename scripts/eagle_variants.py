@@ -19,6 +19,8 @@ DIR/hidden-<layers>.safetensors (float16, keyed as features.safetensors).
 `--tv-weight w`: adds w x the total variation between the target's top-k p and the draft's q (what alpha
 at T=1 measures; `specdecode.distill.train.tv_loss`) to the forward-KL loss.
 
+`--feature-weight w`: the weight of the smooth-L1 feature loss (`EagleObjective`'s, 1 in `specdecode distill`).
+
 `--depth d --deep-epochs n`: as `specdecode distill`'s, the last n epochs also train draft tokens 2 .. d.
 
     python scripts/eagle_variants.py work/ft-d2 --out work/fused/base
@@ -124,8 +126,8 @@ class FusedObjective(EagleObjective):
     """EagleObjective whose depth-1 input feature is f_{j-1} + fusion(h_{j-1}), through the network's layer and extra."""
 
     def __init__(self, network, fusion: Fusion | None, hidden: Sequence[torch.Tensor] | None, embedding, features,
-                 depth=1, extra: Sequence[DecoderLayer] = (), tv_weight: float = 0.0):
-        super().__init__(network, embedding, features, depth=depth, tv_weight=tv_weight)
+                 depth=1, extra: Sequence[DecoderLayer] = (), tv_weight: float = 0.0, feature_weight: float = 1.0):
+        super().__init__(network, embedding, features, feature_weight=feature_weight, depth=depth, tv_weight=tv_weight)
         self.fusion, self.hidden, self.extra = fusion, hidden, list(extra)
 
     def _g(self, indices, ids, depth):
@@ -146,6 +148,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser.add_argument("--layers", default="", help="target layers (0-based) fused in, comma-separated (default none)")
     parser.add_argument("--decoder-layers", type=int, default=1, help="decoder layers of the network (default 1)")
     parser.add_argument("--tv-weight", type=float, default=0.0, help="weight of a total-variation term in the loss (default 0)")
+    parser.add_argument("--feature-weight", type=float, default=1.0, help="weight of the feature loss (default 1)")
     parser.add_argument("--depth", type=int, default=1, help="draft tokens trained (default 1)")
     parser.add_argument("--deep-epochs", type=int, help="with --depth: the last N epochs train the deeper tokens (default every epoch)")
     parser.add_argument("--out", type=Path, required=True, help="where the checkpoint and the log go")
@@ -163,6 +166,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         parser.error(f"--decoder-layers: at least 1, got {args.decoder_layers}")
     if not args.tv_weight >= 0:
         parser.error(f"--tv-weight: a non-negative number, got {args.tv_weight}")
+    if not args.feature_weight >= 0:
+        parser.error(f"--feature-weight: a non-negative number, got {args.feature_weight}")
     try:
         config = TrainConfig(epochs=args.epochs, lr=args.lr, seed=args.seed, depth=args.depth, deep_epochs=args.deep_epochs)
     except ValueError as error:
@@ -190,7 +195,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
 
     def objective(indices: Sequence[int]) -> FusedObjective:
         return FusedObjective(network, fusion, None if hidden is None else [hidden[i] for i in indices],
-                              embedding, [features[i] for i in indices], extra=extra, tv_weight=args.tv_weight)
+                              embedding, [features[i] for i in indices], extra=extra, tv_weight=args.tv_weight,
+                              feature_weight=args.feature_weight)
 
     held_data, held_objective = data.subset(held), objective(held)
     log = args.out / "log.jsonl"
@@ -198,7 +204,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     rows: list[dict] = []
 
     def report(epoch: int) -> None:
-        row = {"layers": layers, "decoder_layers": args.decoder_layers, "tv_weight": args.tv_weight, "depth": args.depth, "epoch": epoch, "seconds": round(time.perf_counter() - started)}
+        row = {"layers": layers, "decoder_layers": args.decoder_layers, "tv_weight": args.tv_weight, "feature_weight": args.feature_weight, "depth": args.depth, "epoch": epoch, "seconds": round(time.perf_counter() - started)}
         for depth in (1, 2):
             scores = evaluate(model, held_data, output_index, 2048, lambda i, ids, d=depth: held_objective.logits(i, ids, d))
             row[f"depth{depth}"] = {k: round(v, 4) for k, v in scores["all"].items() if k != "positions"}

@@ -351,6 +351,8 @@ def test_model_card_names_the_categories_its_draft_was_trained_on():
         (["--eagle", "--deep-epochs", "1"], "deep_epochs applies to depth > 1"),
         (["--eagle", "--depth", "2", "--epochs", "2", "--deep-epochs", "3"], "deep_epochs must be an integer in [1, epochs=2]"),
         (["--tv-weight", "-1"], "tv_weight must be a non-negative number"),
+        (["--eagle", "--feature-weight", "-1"], "feature_weight must be a non-negative number"),
+        (["--feature-weight", "3"], "--feature-weight weighs an EAGLE draft's feature loss; add --eagle"),
     ],
 )
 def test_cli_rejects_bad_settings(argv, message, tmp_path, capsys):
@@ -656,17 +658,22 @@ def test_deep_epochs_train_the_deeper_tokens_in_the_last_epochs_only(tiny_target
     assert report["training"]["deep_epochs"] == 1
 
 
-def test_tv_weight_reaches_the_loss_of_both_kinds_of_draft(tiny_target, tmp_path, monkeypatch):
+def test_tv_and_feature_weights_reach_the_loss(tiny_target, tmp_path, monkeypatch):
     from specdecode.distill import train as train_module
     from specdecode.distill.eagle import EagleObjective
 
-    weights: list[float] = []  # the EAGLE objective's tv_weight at each training step
+    weights: list[tuple[float, float]] = []  # the EAGLE objective's tv_weight and feature_weight at each training step
     loss = EagleObjective.loss
-    monkeypatch.setattr(EagleObjective, "loss", lambda self, *batch: weights.append(self.tv_weight) or loss(self, *batch))
+    monkeypatch.setattr(EagleObjective, "loss",
+                        lambda self, *batch: weights.append((self.tv_weight, self.feature_weight)) or loss(self, *batch))
     target, prompts = tiny_target
-    distill(str(target), tmp_path / "eagle", _data(prompts), EAGLE, dataclasses.replace(EAGLE_TRAIN, tv_weight=2.5), held_out=0.25)
-    assert weights and set(weights) == {2.5}
-    assert "plus 2.5 x their total variation" in (tmp_path / "eagle" / "draft" / "README.md").read_text()
+    config = dataclasses.replace(EAGLE_TRAIN, tv_weight=2.5, feature_weight=3.0)
+    distill(str(target), tmp_path / "eagle", _data(prompts), EAGLE, config, held_out=0.25)
+    assert weights and set(weights) == {(2.5, 3.0)}
+    card = (tmp_path / "eagle" / "draft" / "README.md").read_text()
+    assert "plus 2.5 x their total variation" in card and "plus 3 x a smooth-L1 loss of the predicted feature" in card
+    with pytest.raises(ValueError, match="feature_weight=3.0 weighs an EAGLE draft's feature loss"):
+        distill(str(target), tmp_path / "refused", _data(prompts), ARCH, config, held_out=0.25)
 
     calls: list[str] = []  # a transformer draft's steps: tv_loss beside each distill_loss, and only with a weight
     for name in ("distill_loss", "tv_loss"):

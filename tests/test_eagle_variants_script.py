@@ -80,7 +80,7 @@ def test_one_decoder_layer_unrolls_as_the_eagle_network_does(work):
     assert all(torch.allclose(a[:, :4], b[:, :4], atol=1e-5) for a, b in zip(deeper[:1], again[:1]))
 
 
-@pytest.mark.parametrize("options", [["--layers", "0"], [], ["--decoder-layers", "2"], ["--tv-weight", "5"],
+@pytest.mark.parametrize("options", [["--layers", "0"], [], ["--decoder-layers", "2"], ["--tv-weight", "5"], ["--feature-weight", "0.5"],
                                      ["--depth", "2", "--deep-epochs", "1"]])
 def test_each_variant_reports_held_out_alpha_each_epoch(work, tmp_path, options):
     script = load_script("eagle_variants")
@@ -89,6 +89,7 @@ def test_each_variant_reports_held_out_alpha_each_epoch(work, tmp_path, options)
     assert rows[0]["decoder_layers"] == (2 if "--decoder-layers" in options else 1)
     assert rows[0]["tv_weight"] == (5.0 if "--tv-weight" in options else 0.0)
     assert rows[0]["depth"] == (2 if "--depth" in options else 1)
+    assert rows[0]["feature_weight"] == (0.5 if "--feature-weight" in options else 1.0)
     for row in rows:
         for depth in ("depth1", "depth2"):
             assert 0 <= row[depth]["alpha_greedy"] <= 1 and 0 < row[depth]["alpha_t1"] <= 1
@@ -99,7 +100,8 @@ def test_each_variant_reports_held_out_alpha_each_epoch(work, tmp_path, options)
 
 @pytest.mark.parametrize(("options", "name"), [(["--layers", "x"], "--layers"), (["--layers", "0,99"], "--layers"),
                                                (["--layers", "-1"], "--layers"), (["--decoder-layers", "0"], "--decoder-layers"),
-                                               (["--tv-weight", "-1"], "--tv-weight"), (["--deep-epochs", "1"], "deep_epochs")])
+                                               (["--tv-weight", "-1"], "--tv-weight"),
+                                               (["--feature-weight", "-1"], "--feature-weight"), (["--deep-epochs", "1"], "deep_epochs")])
 def test_bad_options_are_refused_by_name(work, tmp_path, options, name, capsys):
     with pytest.raises(SystemExit):
         load_script("eagle_variants").main([str(work), *options, "--out", str(tmp_path / "o")])

@@ -139,7 +139,9 @@ def _feature_loss(arch: dict, training: dict) -> str:
         when = " in the last epoch" if deep_epochs == 1 else f" in the last {deep_epochs} epochs"
     deeper = (f", at each of the first {depth} draft tokens{when} (each later one reading the network's own output, as "
               f"in decoding)" if depth > 1 else "")
-    return " plus a smooth-L1 loss of the predicted feature against the target's" + deeper
+    weight = training.get("feature_weight", 1.0)
+    times = "" if weight == 1 else f" {weight:g} x"
+    return f" plus{times} a smooth-L1 loss of the predicted feature against the target's" + deeper
 
 
 def _timing(report: dict) -> str:

@@ -96,6 +96,8 @@ def add_parser(commands) -> argparse.ArgumentParser:
     train.add_argument("--tv-weight", type=float, default=_DEFAULTS["tv_weight"],
                        help="add this multiple of the total variation between the target's and the draft's distributions "
                        "(what alpha at temperature 1 measures) to the forward-KL loss (default 0)")
+    train.add_argument("--feature-weight", type=float, default=_DEFAULTS["feature_weight"],
+                       help="EAGLE drafts: weight of the smooth-L1 loss of the predicted feature against the target's (default 1)")
     train.add_argument("--checkpoint-every", type=int, default=_DEFAULTS["checkpoint_every"], help="steps between checkpoints")
     train.add_argument("--held-out", type=float, default=0.08, help="share of sequences held out for the alpha report")
     parser.add_argument("--seed", type=int, default=0)
@@ -122,9 +124,12 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         )
         training = TrainConfig(epochs=args.epochs, batch_tokens=args.batch_tokens, lr=args.lr,
                                checkpoint_every=args.checkpoint_every, seed=args.seed, depth=args.depth,
-                               deep_epochs=args.deep_epochs, tv_weight=args.tv_weight)
+                               deep_epochs=args.deep_epochs, tv_weight=args.tv_weight,
+                               feature_weight=args.feature_weight)
         if args.depth > 1 and not args.eagle:
             raise ValueError(f"--depth {args.depth} trains an EAGLE draft's deeper tokens; add --eagle")
+        if args.feature_weight != _DEFAULTS["feature_weight"] and not args.eagle:
+            raise ValueError("--feature-weight weighs an EAGLE draft's feature loss; add --eagle")
         continue_from = _continue_from(args.continue_from, args.target, args.eagle)
     except ValueError as error:
         parser.error(str(error))  # exits with status 2

@@ -180,8 +180,7 @@ def weight_count(model: torch.nn.Module) -> int:
 
 
 def _start_eagle(loaded, out: Path, data: TeacherData, train_indices: list[int],
-                 choose_output: Callable[[], torch.Tensor], seed: int, continue_from: Path | None = None,
-                 tv_weight: float = 0.0):
+                 choose_output: Callable[[], torch.Tensor], config: TrainConfig, continue_from: Path | None = None):
     """An EAGLE network (from out/init.pt when resuming), its output_ids, the training objective (its depth set per
     epoch by the caller), and logits_on: logits_on(indices into data, d) gives the logits_fn `evaluate` takes for
     data.subset(indices) at draft depth d.
@@ -190,7 +189,7 @@ def _start_eagle(loaded, out: Path, data: TeacherData, train_indices: list[int],
     continue_from (an EAGLE draft directory for this target) training starts from its weights and head instead.
 
     Reads (or first computes) the target's features of every sequence, and keeps the target's embedding table.
-    tv_weight: the objective's total-variation term (`EagleObjective`).
+    config gives the network's seed and the objective's tv_weight and feature_weight (`EagleObjective`).
     """
     target = native_from_hf_model(loaded.hf_model, torch.float32)
     init_path = out / "init.pt"
@@ -203,19 +202,20 @@ def _start_eagle(loaded, out: Path, data: TeacherData, train_indices: list[int],
             raise ValueError(f"{init_path} starts from {init.get('continue_from') or 'a fresh network'}, not from "
                              f"{started_from or 'a fresh network'}; use another --out")
         output_ids = init["output_ids"]
-        network = init_eagle(target, output_ids, seed)
+        network = init_eagle(target, output_ids, config.seed)
         network.load_state_dict(init["model"])
     else:
         if continue_from is None:
             output_ids = choose_output()
-            network = init_eagle(target, output_ids, seed)
+            network = init_eagle(target, output_ids, config.seed)
         else:
             network, output_ids = eagle_from_draft(continue_from, target)
         torch.save({"model": network.state_dict(), "output_ids": output_ids, "kind": "eagle",
                     "continue_from": started_from}, init_path)
     features = target_features(target, data, out)
     embedding = target.embed.weight.detach()
-    training = EagleObjective(network, embedding, [features[i] for i in train_indices], tv_weight=tv_weight)
+    training = EagleObjective(network, embedding, [features[i] for i in train_indices],
+                              feature_weight=config.feature_weight, tv_weight=config.tv_weight)
 
     def logits_on(indices: Sequence[int], depth: int = 1):
         return partial(EagleObjective(network, embedding, [features[i] for i in indices]).logits, depth=depth)
@@ -251,6 +251,8 @@ def distill(
         raise ValueError(f"held_out must be in (0, 1), got {held_out}")
     if train_config.depth > 1 and not architecture.eagle:
         raise ValueError(f"depth={train_config.depth} trains an EAGLE draft's deeper positions; it needs eagle=True")
+    if train_config.feature_weight != TrainConfig().feature_weight and not architecture.eagle:
+        raise ValueError(f"feature_weight={train_config.feature_weight} weighs an EAGLE draft's feature loss; it needs eagle=True")
     if continue_from is not None and not architecture.eagle:
         raise ValueError("continue_from trains an EAGLE draft further; it needs eagle=True")
     continue_from = None if continue_from is None else Path(continue_from)
@@ -277,8 +279,8 @@ def distill(
     if architecture.eagle:
         model, output_ids, objective, logits_on = _start_eagle(
             loaded, out, data, train_indices,
-            lambda: choose_output_ids(train_data, architecture.output_vocab, vocab_size, eos), train_config.seed,
-            continue_from, train_config.tv_weight,
+            lambda: choose_output_ids(train_data, architecture.output_vocab, vocab_size, eos), train_config,
+            continue_from,
         )
         train_loss = objective.loss
 

@@ -43,6 +43,7 @@ class TrainConfig:
     depth: int = 1  # EAGLE drafts: the draft depths the loss trains (distill.eagle.EagleObjective)
     deep_epochs: int | None = None  # with depth > 1: the last deep_epochs epochs train them (None: every epoch), the rest depth 1
     tv_weight: float = 0.0  # adds tv_weight x the total variation (tv_loss, what alpha at T=1 measures) to the KL loss
+    feature_weight: float = 1.0  # EAGLE drafts: the weight of the smooth-L1 loss of the predicted feature
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_tokens", "checkpoint_every", "depth"):
@@ -51,8 +52,10 @@ class TrainConfig:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise ValueError(f"lr must be a positive number, got {self.lr!r}")
-        if not (self.tv_weight >= 0 and math.isfinite(self.tv_weight)):
-            raise ValueError(f"tv_weight must be a non-negative number, got {self.tv_weight!r}")
+        for name in ("tv_weight", "feature_weight"):
+            value = getattr(self, name)
+            if not (value >= 0 and math.isfinite(value)):
+                raise ValueError(f"{name} must be a non-negative number, got {value!r}")
         if self.deep_epochs is not None:
             if self.depth == 1:
                 raise ValueError("deep_epochs applies to depth > 1")
