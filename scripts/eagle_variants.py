@@ -204,7 +204,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     rows: list[dict] = []
 
     def report(epoch: int) -> None:
-        row = {"layers": layers, "decoder_layers": args.decoder_layers, "tv_weight": args.tv_weight, "feature_weight": args.feature_weight, "depth": args.depth, "epoch": epoch, "seconds": round(time.perf_counter() - started)}
+        row = {"layers": layers, "decoder_layers": args.decoder_layers, "tv_weight": args.tv_weight,
+               "feature_weight": args.feature_weight, "depth": args.depth, "epoch": epoch,
+               "seconds": round(time.perf_counter() - started)}
         for depth in (1, 2):
             scores = evaluate(model, held_data, output_index, 2048, lambda i, ids, d=depth: held_objective.logits(i, ids, d))
             row[f"depth{depth}"] = {k: round(v, 4) for k, v in scores["all"].items() if k != "positions"}
