@@ -23,7 +23,7 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from specdecode.distill.teacher import TeacherData
-from specdecode.distill.train import distill_loss, make_batches, tv_loss
+from specdecode.distill.train import head_loss, make_batches
 from specdecode.drafters.eagle import is_eagle_draft, load_eagle
 from specdecode.native.batched import decoder_stack
 from specdecode.native.eagle import EagleNetwork
@@ -157,8 +157,5 @@ class EagleObjective:
         total = torch.zeros(())
         for g_all in self._g(indices, ids, self.depth):
             g = g_all[rows, positions]  # [n, H]
-            logits = self.network.head(g)  # [n, K]
-            total = total + distill_loss(logits, idx, p) + self.feature_weight * F.smooth_l1_loss(g, f)
-            if self.tv_weight:
-                total = total + self.tv_weight * tv_loss(logits, idx, p)
+            total = total + head_loss(self.network.head(g), idx, p, self.tv_weight) + self.feature_weight * F.smooth_l1_loss(g, f)
         return total / self.depth

@@ -24,7 +24,7 @@ from specdecode.distill.teacher import TeacherData
 from specdecode.native.batched import decoder_stack
 from specdecode.native.model import NativeTransformer
 
-__all__ = ["TrainConfig", "draft_logits", "make_batches", "distill_loss", "tv_loss", "evaluate", "train"]
+__all__ = ["TrainConfig", "draft_logits", "make_batches", "distill_loss", "tv_loss", "head_loss", "evaluate", "train"]
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +125,12 @@ def tv_loss(logits: torch.Tensor, idx: torch.Tensor, p: torch.Tensor) -> torch.T
     return 1 - torch.minimum(p, q_at).sum(dim=-1).mean()
 
 
+def head_loss(logits: torch.Tensor, idx: torch.Tensor, p: torch.Tensor, tv_weight: float = 0.0) -> torch.Tensor:
+    """The draft head's training loss: distill_loss, plus tv_weight x tv_loss when tv_weight is set (shapes as distill_loss)."""
+    loss = distill_loss(logits, idx, p)
+    return loss + tv_weight * tv_loss(logits, idx, p) if tv_weight else loss
+
+
 @torch.no_grad()
 def evaluate(
     model: torch.nn.Module, data: TeacherData, output_index: torch.Tensor, batch_tokens: int,
@@ -212,10 +218,7 @@ def train(
                 group["lr"] = config.lr * _lr_factor(step, total, config.warmup_steps)
             ids, rows, positions, idx, p = _batch(train_data, indices, output_index)
             if loss_fn is None:
-                logits = draft_logits(model, ids)[rows, positions]  # [n, K]
-                loss = distill_loss(logits, idx, p)
-                if config.tv_weight:
-                    loss = loss + config.tv_weight * tv_loss(logits, idx, p)
+                loss = head_loss(draft_logits(model, ids)[rows, positions], idx, p, config.tv_weight)
             else:
                 loss = loss_fn(indices, ids, rows, positions, idx, p)
             optimizer.zero_grad(set_to_none=True)
