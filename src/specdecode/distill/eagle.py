@@ -122,6 +122,8 @@ class EagleObjective:
             raise ValueError(f"depth must be a positive integer, got {depth!r}")
         if not tv_weight >= 0:
             raise ValueError(f"tv_weight must be a non-negative number, got {tv_weight!r}")
+        if not feature_weight >= 0:
+            raise ValueError(f"feature_weight must be a non-negative number, got {feature_weight!r}")
         self.network = network
         self.embedding = embedding
         self.features = features
