@@ -120,10 +120,9 @@ class EagleObjective:
                  feature_weight: float = 1.0, depth: int = 1, tv_weight: float = 0.0) -> None:
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
             raise ValueError(f"depth must be a positive integer, got {depth!r}")
-        if not tv_weight >= 0:
-            raise ValueError(f"tv_weight must be a non-negative number, got {tv_weight!r}")
-        if not feature_weight >= 0:
-            raise ValueError(f"feature_weight must be a non-negative number, got {feature_weight!r}")
+        for name, weight in (("tv_weight", tv_weight), ("feature_weight", feature_weight)):
+            if not weight >= 0:
+                raise ValueError(f"{name} must be a non-negative number, got {weight!r}")
         self.network = network
         self.embedding = embedding
         self.features = features
