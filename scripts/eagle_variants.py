@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import time
 from collections.abc import Sequence
@@ -164,10 +165,10 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         parser.error(f"--layers: comma-separated layer numbers, got {args.layers!r}")
     if args.decoder_layers < 1:
         parser.error(f"--decoder-layers: at least 1, got {args.decoder_layers}")
-    if not args.tv_weight >= 0:
-        parser.error(f"--tv-weight: a non-negative number, got {args.tv_weight}")
-    if not args.feature_weight >= 0:
-        parser.error(f"--feature-weight: a non-negative number, got {args.feature_weight}")
+    if not (args.tv_weight >= 0 and math.isfinite(args.tv_weight)):
+        parser.error(f"--tv-weight: a finite non-negative number, got {args.tv_weight}")
+    if not (args.feature_weight >= 0 and math.isfinite(args.feature_weight)):
+        parser.error(f"--feature-weight: a finite non-negative number, got {args.feature_weight}")
     try:
         config = TrainConfig(epochs=args.epochs, lr=args.lr, seed=args.seed, depth=args.depth, deep_epochs=args.deep_epochs)
     except ValueError as error:

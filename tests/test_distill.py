@@ -594,6 +594,8 @@ def test_distilling_an_eagle_draft_learns_from_the_targets_features(eagle_distil
         EagleObjective(trained, native.embed.weight, features, tv_weight=-1.0)
     with pytest.raises(ValueError, match="feature_weight"):
         EagleObjective(trained, native.embed.weight, features, feature_weight=float("nan"))
+    with pytest.raises(ValueError, match="tv_weight"):
+        EagleObjective(trained, native.embed.weight, features, tv_weight=float("inf"))
 
     loaded = load_native(str(target))
     drafter = make_drafter(str(out / "draft"), loaded)

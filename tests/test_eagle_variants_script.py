@@ -100,8 +100,9 @@ def test_each_variant_reports_held_out_alpha_each_epoch(work, tmp_path, options)
 
 @pytest.mark.parametrize(("options", "name"), [(["--layers", "x"], "--layers"), (["--layers", "0,99"], "--layers"),
                                                (["--layers", "-1"], "--layers"), (["--decoder-layers", "0"], "--decoder-layers"),
-                                               (["--tv-weight", "-1"], "--tv-weight"),
-                                               (["--feature-weight", "-1"], "--feature-weight"), (["--deep-epochs", "1"], "deep_epochs")])
+                                               (["--tv-weight", "-1"], "--tv-weight"), (["--tv-weight", "inf"], "--tv-weight"),
+                                               (["--feature-weight", "-1"], "--feature-weight"),
+                                               (["--feature-weight", "nan"], "--feature-weight"), (["--deep-epochs", "1"], "deep_epochs")])
 def test_bad_options_are_refused_by_name(work, tmp_path, options, name, capsys):
     with pytest.raises(SystemExit):
         load_script("eagle_variants").main([str(work), *options, "--out", str(tmp_path / "o")])

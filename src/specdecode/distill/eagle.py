@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import random
 from collections.abc import Sequence
 from pathlib import Path
@@ -121,7 +122,7 @@ class EagleObjective:
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
             raise ValueError(f"depth must be a positive integer, got {depth!r}")
         for name, weight in (("tv_weight", tv_weight), ("feature_weight", feature_weight)):
-            if not weight >= 0:
+            if not (weight >= 0 and math.isfinite(weight)):
                 raise ValueError(f"{name} must be a non-negative number, got {weight!r}")
         self.network = network
         self.embedding = embedding
