@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import time
 from collections.abc import Sequence
@@ -51,7 +50,7 @@ from tqdm.auto import tqdm
 from specdecode.distill.eagle import EagleObjective, init_eagle, sequence_key, target_features
 from specdecode.distill.recipe import held_out_indices
 from specdecode.distill.teacher import TeacherData, load_teacher
-from specdecode.distill.train import TrainConfig, evaluate, make_batches, train
+from specdecode.distill.train import TrainConfig, check_loss_weights, evaluate, make_batches, train
 from specdecode.models.loading import load_model
 from specdecode.native.batched import attention_inputs, attention_then_mlp, decoder_stack
 from specdecode.native.eagle import EagleNetwork, unrolled_mask
@@ -165,11 +164,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         parser.error(f"--layers: comma-separated layer numbers, got {args.layers!r}")
     if args.decoder_layers < 1:
         parser.error(f"--decoder-layers: at least 1, got {args.decoder_layers}")
-    if not (args.tv_weight >= 0 and math.isfinite(args.tv_weight)):
-        parser.error(f"--tv-weight: a finite non-negative number, got {args.tv_weight}")
-    if not (args.feature_weight >= 0 and math.isfinite(args.feature_weight)):
-        parser.error(f"--feature-weight: a finite non-negative number, got {args.feature_weight}")
     try:
+        check_loss_weights({"--tv-weight": args.tv_weight, "--feature-weight": args.feature_weight})
         config = TrainConfig(epochs=args.epochs, lr=args.lr, seed=args.seed, depth=args.depth, deep_epochs=args.deep_epochs)
     except ValueError as error:
         parser.error(str(error))

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import math
 import random
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,7 +23,7 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from specdecode.distill.teacher import TeacherData
-from specdecode.distill.train import head_loss, make_batches
+from specdecode.distill.train import check_loss_weights, head_loss, make_batches
 from specdecode.drafters.eagle import is_eagle_draft, load_eagle
 from specdecode.native.batched import decoder_stack
 from specdecode.native.eagle import EagleNetwork
@@ -121,9 +120,7 @@ class EagleObjective:
                  feature_weight: float = 1.0, depth: int = 1, tv_weight: float = 0.0) -> None:
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
             raise ValueError(f"depth must be a positive integer, got {depth!r}")
-        for name, weight in (("tv_weight", tv_weight), ("feature_weight", feature_weight)):
-            if not (weight >= 0 and math.isfinite(weight)):
-                raise ValueError(f"{name} must be a non-negative number, got {weight!r}")
+        check_loss_weights({"tv_weight": tv_weight, "feature_weight": feature_weight})
         self.network = network
         self.embedding = embedding
         self.features = features

@@ -31,6 +31,13 @@ logger = logging.getLogger(__name__)
 CHECKPOINT_FILE = "checkpoint.pt"
 
 
+def check_loss_weights(weights: dict[str, float]) -> None:
+    """Refuse, by its name, a loss weight that is negative, NaN or infinite."""
+    for name, value in weights.items():
+        if not (value >= 0 and math.isfinite(value)):
+            raise ValueError(f"{name} must be a non-negative number, got {value!r}")
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     epochs: int = 5
@@ -52,10 +59,7 @@ class TrainConfig:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise ValueError(f"lr must be a positive number, got {self.lr!r}")
-        for name in ("tv_weight", "feature_weight"):
-            value = getattr(self, name)
-            if not (value >= 0 and math.isfinite(value)):
-                raise ValueError(f"{name} must be a non-negative number, got {value!r}")
+        check_loss_weights({"tv_weight": self.tv_weight, "feature_weight": self.feature_weight})
         if self.deep_epochs is not None:
             if self.depth == 1:
                 raise ValueError("deep_epochs applies to depth > 1")
