@@ -3,9 +3,10 @@
     python scripts/spec_bench_alpha.py                                  # the bundled draft, ../shared/data/spec_bench_dev.jsonl
     python scripts/spec_bench_alpha.py --draft bundled --draft work/distill-eagle16/draft --out work/spec-bench-alpha
 
-1. The target answers every prompt (first turn, chat template, greedy, up to --max-new-tokens) in batches of
-   Hugging Face `generate`, keeping its top-k distribution at every response position
-   (`distill.teacher.generate_responses`), then computes its features once (`distill.eagle.target_features`).
+1. The target answers every prompt (first turn, chat template, greedy, up to --max-new-tokens) in batches on
+   the native engine, keeping its top-k distribution at every response position and its features from the
+   same passes (`distill.teacher.generate_responses`; `distill.eagle.target_features` reads them, computing
+   only those of answers kept by an older specdecode).
    Both are kept in --out, so a rerun only scores.
 2. Each draft is scored as `specdecode distill` scores its held-out set (`distill.train.evaluate`): alpha at
    T=0 (the draft's argmax is the target's) and a lower bound of alpha at T=1 (sum of min(p, q) over the
@@ -31,7 +32,7 @@ import torch
 from specdecode.bench.prompts import load_prompts
 from specdecode.distill.eagle import EagleObjective, target_features
 from specdecode.distill.sources import TrainingPrompt
-from specdecode.distill.teacher import generate_responses, load_teacher
+from specdecode.distill.teacher import generate_responses, load_teacher, native_teacher
 from specdecode.distill.train import evaluate
 from specdecode.drafters.distilled import bundled_draft_dir
 from specdecode.drafters.eagle import load_eagle
@@ -64,7 +65,7 @@ def score(directory: Path, data, features: list[torch.Tensor], embedding: torch.
 
 def answers_and_features(target_name: str, prompts_file: Path, out: Path, max_new_tokens: int, batch_size: int = 48):
     """The target's greedy answers to the first turns of prompts_file with their top-k distributions, the native
-    target (float32) and its features f [L_i, H] of every answer; kept in `out`, so a rerun reads them back."""
+    target (float32) and its features f [L_i - 1, H] of every answer; kept in `out`, so a rerun reads them back."""
     out.mkdir(parents=True, exist_ok=True)
     settings = {"target": target_name, "prompts": str(prompts_file.resolve()), "max_new_tokens": max_new_tokens}
     recorded = out / "settings.json"
@@ -74,7 +75,8 @@ def answers_and_features(target_name: str, prompts_file: Path, out: Path, max_ne
     loaded = load_model(target_name)
     prompts = [TrainingPrompt(p.category, p.text) for p in load_prompts(prompts_file)]
     generate_responses(loaded.hf_model, loaded.tokenizer, prompts, out, max_new_tokens=max_new_tokens,
-                       batch_size=batch_size, top_k=32, sample_fraction=0.0, seed=0, max_prompt_tokens=1 << 20)
+                       batch_size=batch_size, top_k=32, sample_fraction=0.0, seed=0, max_prompt_tokens=1 << 20,
+                       native=native_teacher(loaded.hf_model), features=True)
     data = load_teacher(out)
     target = native_from_hf_model(loaded.hf_model, torch.float32)
     return data, target, target_features(target, data, out)

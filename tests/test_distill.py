@@ -7,12 +7,13 @@ import importlib.util
 import json
 import random
 import shutil
+from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
 from safetensors import safe_open
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from conftest import SHARED_DATA
 from tiny_hf import WORDS, save_tiny_checkpoint, tiny_llama, tiny_tokenizer
 
@@ -24,8 +25,9 @@ from specdecode.distill.card import model_card
 from specdecode.distill.sources import (
     CATEGORIES, builtin_prompts, german_prompts, read_german_sentences, read_prompt_file, read_text_file,
 )
-from specdecode.distill.teacher import generate_responses, load_teacher, response_batches
+from specdecode.distill.teacher import generate_responses, load_teacher, native_teacher, response_batches
 from specdecode.distill.recipe import init_draft
+from specdecode.distill import train as train_module
 from specdecode.distill.train import distill_loss, draft_logits, make_batches, tv_loss
 from specdecode.drafters import LookupThenModelDrafter, ModelDrafter
 from specdecode.drafters.distilled import (
@@ -171,8 +173,16 @@ def test_resume_after_interruption_gives_the_same_draft_from_an_older_versions_c
     state = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
     for name in ("depth", "deep_epochs"):  # as an older specdecode wrote it, before these settings existed
         del state["config"][name]
+    del state["seconds"]  # nor the training time
     torch.save(state, tmp_path / "checkpoint.pt")
-    distill(str(target), tmp_path, _data(prompts), ARCH, train, held_out=0.25)
+    shard = tmp_path / "responses-00001.safetensors"
+    with safe_open(shard, "pt") as f:  # nor the data's
+        metadata = {k: v for k, v in f.metadata().items() if k != "seconds"}
+    save_file(load_file(shard), shard, metadata=metadata)
+    report = distill(str(target), tmp_path, _data(prompts), ARCH, train, held_out=0.25)
+    assert report["timed"] == {"data_seconds": "this run", "train_seconds": "this run"}
+    card = (tmp_path / "draft" / "README.md").read_text()
+    assert "Built in data already in the work directory, training 0 min (the last run only) on the machine" in card
     resumed = load_draft_transformer(tmp_path / "draft")[0].state_dict()
     for name, tensor in reference.items():
         assert torch.equal(tensor, resumed[name]), name
@@ -568,7 +578,7 @@ def test_distilling_an_eagle_draft_learns_from_the_targets_features(eagle_distil
     data = load_teacher(out)
     native = native_from_hf_model(tiny_llama(suppress_eos=False), torch.float32)
     features = target_features(native, data, out)  # read back from the work directory
-    assert len(features) == len(data) and all(len(f) == len(ids) for f, ids in zip(features, data.ids))
+    assert len(features) == len(data) and all(len(f) == len(ids) - 1 for f, ids in zip(features, data.ids))
     for f, first, topk in zip(features, data.first, data.topk_ids):  # the target's head on f gives its cached top-1
         assert torch.equal(native.lm_head(f[first : first + len(topk)].float()).argmax(-1), topk[:, 0])
 
@@ -663,7 +673,6 @@ def test_deep_epochs_train_the_deeper_tokens_in_the_last_epochs_only(tiny_target
 
 
 def test_tv_and_feature_weights_reach_the_loss(tiny_target, tmp_path, monkeypatch):
-    from specdecode.distill import train as train_module
     from specdecode.distill.eagle import EagleObjective
 
     weights: list[tuple[float, float]] = []  # the EAGLE objective's tv_weight and feature_weight at each training step
@@ -696,6 +705,7 @@ def test_target_features_are_kept_by_token_ids_so_added_sequences_alone_are_comp
 
     out, _ = eagle_distilled
     data = load_teacher(out)
+    data.features = [None] * len(data)  # as if its shards had no features (data built by an older specdecode)
     native = native_from_hf_model(tiny_llama(suppress_eos=False), torch.float32)
     computed: list[int] = []  # rows run through the target, per batch
     stack = eagle.decoder_stack
@@ -710,7 +720,9 @@ def test_target_features_are_kept_by_token_ids_so_added_sequences_alone_are_comp
     computed.clear()
     features = eagle.target_features(native, data, tmp_path)
     assert 0 < sum(computed) == distinct(range(len(data))) - distinct(older)  # the two added ones only
-    expected = eagle.target_features(native, data, out)  # the distill run's, computed in other batches
+    computed.clear()
+    expected = eagle.target_features(native, load_teacher(out), out)  # the distill run's, from its generate calls
+    assert computed == [] and not (out / eagle.FEATURES_FILE).exists()  # read from the shards: nothing computed
     assert all(torch.allclose(a.float(), b.float(), atol=2e-3) for a, b in zip(features, expected))
     computed.clear()
     eagle.target_features(native, data.subset(older), tmp_path)  # fewer sequences: read, then the file keeps only them
@@ -719,14 +731,73 @@ def test_target_features_are_kept_by_token_ids_so_added_sequences_alone_are_comp
         assert set(f.keys()) == {eagle.sequence_key(data.ids[i]) for i in older}
 
 
+def test_eagle_data_keeps_the_targets_features_from_the_passes_that_made_it(tiny_target, tmp_path):
+    """The final-norm outputs kept from the native engine's batched generation (greedy and sampled batches,
+    answers ended by EOS or by max_new_tokens) and from its teacher-forced text pass are the target's features."""
+    import specdecode.distill.eagle as eagle
+    from specdecode.distill.teacher import cache_text, native_teacher
+
+    hf = tiny_llama(suppress_eos=False, init_range=0.05)  # flat logits: EOS ends some answers early
+    teacher, native = native_teacher(hf), native_from_hf_model(hf, torch.float32)  # packed where oneDNN runs; plain
+    for name in ("responses", "text", "computed"):
+        (tmp_path / name).mkdir()
+    settings = dict(max_new_tokens=40, batch_size=8, top_k=4, sample_fraction=0.5, seed=0, max_prompt_tokens=64)
+    prompts = read_prompt_file(tiny_target[1])
+    generate_responses(hf, tiny_tokenizer(), prompts, tmp_path / "responses", native=teacher, features=True, **settings)
+    responses = load_teacher(tmp_path / "responses")
+    answered = [len(ids) - first - 1 for ids, first in zip(responses.ids, responses.first)]  # tokens in each answer
+    assert min(answered) < 40 == max(answered)
+    text = [" ".join(random.Random(i).choices(WORDS, k=6 + 3 * i)) for i in range(5)]
+    cache_text(hf, tiny_tokenizer(), text, tmp_path / "text", top_k=4, max_tokens=20, batch_size=2, native=teacher,
+               features=True)
+    texts = load_teacher(tmp_path / "text")
+    for data in (responses, texts):
+        kept = list(data.features)
+        assert all(f is not None and f.dtype == torch.float16 and f.shape == (len(ids) - 1, 32)
+                   for f, ids in zip(kept, data.ids))
+        data.features = [None] * len(data)
+        computed = eagle.target_features(native, data, tmp_path / "computed")  # teacher forced by the native engine
+        for f, expected in zip(kept, computed):
+            torch.testing.assert_close(f.float(), expected.float(), atol=2e-3, rtol=2e-3)
+        (tmp_path / "computed" / eagle.FEATURES_FILE).unlink()
+
+    with pytest.raises(ValueError, match="features: the target's features come from the native engine"):
+        generate_responses(hf, tiny_tokenizer(), prompts, tmp_path / "hf", features=True, **settings)
+    with pytest.raises(ValueError, match="features: the target's features come from the native engine"):
+        cache_text(hf, tiny_tokenizer(), text, tmp_path / "hf", top_k=4, max_tokens=20, features=True)
+
+
+def test_the_native_engine_and_generate_give_the_same_greedy_data(tiny_target, tmp_path):
+    hf = tiny_llama(suppress_eos=False)
+    settings = dict(max_new_tokens=12, batch_size=8, top_k=4, sample_fraction=0.0, seed=0, max_prompt_tokens=64)
+    prompts = read_prompt_file(tiny_target[1])
+    for name, native in (("native", native_teacher(hf)), ("hf", None)):
+        (tmp_path / name).mkdir()
+        generate_responses(hf, tiny_tokenizer(), prompts, tmp_path / name, native=native, **settings)
+    native_data, hf_data = load_teacher(tmp_path / "native"), load_teacher(tmp_path / "hf")
+    assert all(torch.equal(a, b) for a, b in zip(native_data.ids, hf_data.ids))
+    assert all(torch.equal(a, b) for a, b in zip(native_data.topk_ids, hf_data.topk_ids))
+    assert all(torch.allclose(a, b, atol=1e-2) for a, b in zip(native_data.topk_logp, hf_data.topk_logp))  # float16
+    assert native_data.features == [None] * len(native_data)  # kept only when asked for
+
+
 def test_eagle_distillation_resumes_to_the_same_draft_and_refuses_another_kinds_work(
     eagle_distilled, distilled, tiny_target, tmp_path, monkeypatch
 ):
     from specdecode.drafters.eagle import load_eagle
 
     target, prompts = tiny_target
+    for data_file in [eagle_distilled[0] / "data.json", *eagle_distilled[0].glob("responses-*.safetensors")]:
+        shutil.copy(data_file, tmp_path)  # the same data: generate's float sums can differ in the last bit between runs
+    clock = iter(range(0, 10**6, 60))  # training's clock: a minute more at each reading
+    monkeypatch.setattr(train_module, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
     _distill_interrupted_at_step_five(monkeypatch, str(target), tmp_path, _data(prompts), EAGLE, EAGLE_TRAIN, held_out=0.25)
-    distill(str(target), tmp_path, _data(prompts), EAGLE, EAGLE_TRAIN, held_out=0.25)
+    before = torch.load(tmp_path / "checkpoint.pt", weights_only=True)["seconds"]  # training time up to its step
+    monkeypatch.setattr(train_module, "time", SimpleNamespace(perf_counter=lambda: 0.0))  # the resumed run takes none
+    report = distill(str(target), tmp_path, _data(prompts), EAGLE, EAGLE_TRAIN, held_out=0.25)
+    assert report["train_seconds"] == before >= 60 and report["timed"] == {"data_seconds": "all runs", "train_seconds": "all runs"}
+    assert report["data_seconds"] == eagle_distilled[1]["data_seconds"] > 0  # the copied shards' own time
+    assert f"training {before / 60:.0f} min on the machine" in (tmp_path / "draft" / "README.md").read_text()
     reference = load_eagle(eagle_distilled[0] / "draft")[0].state_dict()
     for name, tensor in load_eagle(tmp_path / "draft")[0].state_dict().items():
         assert torch.equal(tensor, reference[name]), name

@@ -145,9 +145,21 @@ def _feature_loss(arch: dict, training: dict) -> str:
 
 
 def _timing(report: dict) -> str:
-    training = f"training {report['train_seconds'] / 60:.0f} min on the machine that built it."
-    if "features_seconds" in report:  # an EAGLE draft: the target's features first
-        training = f"the target's features {report['features_seconds'] / 60:.0f} min, " + training
-    if report["data_seconds"] < 60:  # a rerun that found every shard in place
-        return f"The data was already in the work directory; {training}"
-    return f"Data {report['data_seconds'] / 60:.0f} min, {training}"
+    """The build time: data, the target's features (when computed apart from the data) and training.
+
+    report["timed"] says whether data and training count every run that did work kept in the work directory
+    ("all runs") or the last run only ("this run": older reports, or work an older specdecode did not time).
+    """
+    timed = report.get("timed", {})
+
+    def span(key: str, name: str) -> str:
+        last_only = timed.get(key, "this run") == "this run"
+        if key == "data_seconds" and last_only and report[key] < 60:  # a rerun that found every shard in place
+            return "data already in the work directory"
+        return f"{name} {report[key] / 60:.0f} min" + (" (the last run only)" if last_only else "")
+
+    parts = [span("data_seconds", "data")]
+    if report.get("features_seconds", 0) >= 60:  # an EAGLE draft on data made without the target's features
+        parts.append(f"the target's features {report['features_seconds'] / 60:.0f} min")
+    parts.append(span("train_seconds", "training"))
+    return f"Built in {', '.join(parts)} on the machine that built it."

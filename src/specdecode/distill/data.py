@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from specdecode.distill.sources import builtin_prompts, builtin_texts, german_prompts, read_prompt_file, read_text_file
-from specdecode.distill.teacher import cache_text, generate_responses
+from specdecode.distill.teacher import cache_text, generate_responses, native_teacher
 
 __all__ = ["DataConfig", "build_data"]
 
@@ -49,8 +49,14 @@ class DataConfig:
             raise ValueError(f"sample_fraction must be in [0, 1], got {self.sample_fraction}")
 
 
-def build_data(hf_model, tokenizer, workdir: Path, config: DataConfig, target_source: str) -> None:
-    """Fill workdir with response and text shards for `config` (resumable)."""
+def build_data(hf_model, tokenizer, workdir: Path, config: DataConfig, target_source: str, features: bool = False) -> None:
+    """Fill workdir with response and text shards for `config` (resumable), made on the native engine where the
+    target runs there (`teacher.native_teacher`); with features, holding the target's final-norm outputs too
+    (an EAGLE draft's input)."""
+    native = native_teacher(hf_model)
+    if features and native is None:
+        raise ValueError(f"features: {hf_model.config.model_type} does not run on the native engine, which gives "
+                         "the target's features (an EAGLE draft needs a Llama, Qwen2 or Mistral target)")
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     manifest = workdir / "data.json"
@@ -67,7 +73,8 @@ def build_data(hf_model, tokenizer, workdir: Path, config: DataConfig, target_so
     else:
         prompts = builtin_prompts(config.prompts_per_category, config.seed)
     settings = dict(max_new_tokens=config.max_new_tokens, batch_size=config.batch_size, top_k=config.top_k,
-                    sample_fraction=config.sample_fraction, max_prompt_tokens=config.max_prompt_tokens)
+                    sample_fraction=config.sample_fraction, max_prompt_tokens=config.max_prompt_tokens, native=native,
+                    features=features)
     generate_responses(hf_model, tokenizer, prompts, workdir, seed=config.seed, **settings)
     if config.german_file:  # their own shard series and seeds: they stay as they are when prompts_per_category grows
         german = german_prompts(Path(config.german_file), config.german_prompts, config.seed)
@@ -76,4 +83,5 @@ def build_data(hf_model, tokenizer, workdir: Path, config: DataConfig, target_so
     if config.text_file:
         texts += read_text_file(Path(config.text_file))
     if texts:
-        cache_text(hf_model, tokenizer, texts, workdir, top_k=config.top_k, max_tokens=config.max_text_tokens)
+        cache_text(hf_model, tokenizer, texts, workdir, top_k=config.top_k, max_tokens=config.max_text_tokens,
+                   native=native, features=features)

@@ -1,10 +1,10 @@
 """Distilling an EAGLE draft (`specdecode distill --eagle`): the target's features, the network, its loss.
 
 The network (`specdecode.native.eagle.EagleNetwork`) predicts token j + 1 from the target's feature
-f_{j-1} and the token x_j. Training reads the target's features of every training sequence, computed
-once per sequence and kept in the work directory (features.safetensors, float16), as the target's top-k
-distributions are. The loss is the distillation loss of the head's logits plus a smooth-L1
-regression of the network's g_j on f_j (EAGLE's feature loss), which is what lets the network
+f_{j-1} and the token x_j. Training reads the target's features of every training sequence: kept in the
+teacher shards when the data was built with features (read from the target's passes that made the data),
+otherwise computed once per sequence and kept in the work directory (features.safetensors, float16).
+The loss is the distillation loss of the head's logits plus a smooth-L1 regression of the network's g_j on f_j (EAGLE's feature loss), which is what lets the network
 stand in for the target's features deeper in a draft.
 """
 
@@ -41,35 +41,37 @@ def sequence_key(ids: torch.Tensor) -> str:
 
 @torch.no_grad()
 def target_features(target: NativeTransformer, data: TeacherData, workdir: Path, batch_tokens: int = 4096) -> list[torch.Tensor]:
-    """The target's final-norm outputs f [L_i, H] (float16) of every sequence of data, cached in workdir.
+    """The target's final-norm outputs f [L_i - 1, H] (float16) at positions 0 .. L_i - 2 of every sequence of data.
 
-    The file is keyed by each sequence's token ids (`sequence_key`), so a later run reads what it holds
-    and computes only sequences it has not seen (a progress bar; batches of similar length): adding data
-    does not recompute the features of the old. It is rewritten, holding data's sequences only, when
-    anything was added or is no longer used.
+    A sequence's features come from data.features where its shard kept them; the others are computed
+    by the target and cached in workdir/features.safetensors. That file is keyed by each sequence's token
+    ids (`sequence_key`), so a later run reads what it holds and computes only sequences it has not seen
+    (a progress bar; batches of similar length): adding data does not recompute the features of the old.
+    It is rewritten, holding the computed sequences of data only, when anything was added or is no longer used.
     """
     path = Path(workdir) / FEATURES_FILE
+    kept = data.features if data.features else [None] * len(data)
     keys = [sequence_key(ids) for ids in data.ids]
-    wanted = set(keys)
+    wanted = {key for key, f in zip(keys, kept) if f is None}
     stored: set[str] = set()
     features: dict[str, torch.Tensor] = {}
     if path.is_file():
         with safe_open(path, "pt") as f:
             stored = set(f.keys())
             features = {key: f.get_tensor(key) for key in stored & wanted}
-    missing = sorted({key: i for i, key in enumerate(keys) if key not in features}.values())  # one index per new sequence
+    missing = sorted({key: i for i, key in enumerate(keys) if key in wanted and key not in features}.values())  # one index per new sequence
     batches = make_batches([len(data.ids[i]) for i in missing], batch_tokens, random.Random(0))
     for batch in tqdm(batches, desc="target features", unit="batch"):
         indices = [missing[b] for b in batch]
         ids = data.padded_ids(indices)
         out = target.norm(decoder_stack(target.layers, target.config, target.embed(ids)))  # [B, L, H]
         for row, i in enumerate(indices):
-            features[keys[i]] = out[row, : len(data.ids[i])].half().contiguous()
+            features[keys[i]] = out[row, : len(data.ids[i]) - 1].half().contiguous()
     if stored != wanted:
         tmp = path.with_suffix(".tmp")
         save_file(features, tmp)
         tmp.replace(path)  # never a half-written file
-    return [features[key] for key in keys]
+    return [f if f is not None else features[key][: len(ids) - 1] for f, key, ids in zip(kept, keys, data.ids)]
 
 
 def init_eagle(target: NativeTransformer, output_ids: torch.Tensor, seed: int) -> EagleNetwork:
@@ -109,7 +111,7 @@ def eagle_from_draft(directory: Path, target: NativeTransformer) -> tuple[EagleN
 class EagleObjective:
     """The network's logits and loss on sequences of one data set, reading their features and the target's embedding.
 
-    embedding: the target's token embedding table [V, H]; features: f [L_i, H] of each sequence, aligned
+    embedding: the target's token embedding table [V, H]; features: f [L_i - 1, H] of each sequence, aligned
     with the data set whose indices the methods take. depth: the draft depths the loss trains (1: the first
     draft token only; d > 1 also the next d - 1, each reading the network's own previous g as decoding does,
     `EagleNetwork.unrolled_features`), weighted equally. tv_weight: adds tv_weight x the total variation

@@ -1,8 +1,9 @@
 """`specdecode distill`: target -> data -> draft, end to end, resumable, reproducible from a seed.
 
     work directory (--out)
-      data.json, responses-*.safetensors, text-*.safetensors   the target's data (specdecode.distill.data)
-      features.safetensors  with --eagle: the target's final-norm features of every sequence (float16)
+      data.json, responses-*.safetensors, text-*.safetensors   the target's data (specdecode.distill.data);
+                         with --eagle they also hold its final-norm features, from the passes that made the data
+      features.safetensors  with --eagle: the features of sequences whose shards have none (older work directories)
       init.pt            the draft's initial weights and output vocabulary
       checkpoint.pt      training state, every --checkpoint-every steps
       draft/             the finished draft (load it with --draft PATH), with its model card
@@ -23,10 +24,10 @@ from pathlib import Path
 import torch
 
 from specdecode.distill.data import DataConfig, build_data
-from specdecode.distill.teacher import TeacherData, load_teacher
+from specdecode.distill.teacher import TeacherData, load_teacher, shard_seconds
 from specdecode.distill.card import model_card
 from specdecode.distill.eagle import EagleObjective, eagle_from_draft, init_eagle, target_features
-from specdecode.distill.train import TrainConfig, evaluate, train
+from specdecode.distill.train import TrainConfig, evaluate, train, trained_seconds
 from specdecode.drafters.distilled import build_draft_transformer, read_draft_config, save_draft
 from specdecode.drafters.eagle import save_eagle
 from specdecode.native.eagle import EagleNetwork
@@ -265,7 +266,7 @@ def distill(
     if loaded.hf_model.config.is_encoder_decoder:
         raise ValueError(f"target: {target} is an encoder-decoder model; distill supports decoder-only targets")
     tokenizer, hf_config, vocab_size = loaded.tokenizer, loaded.hf_model.config, loaded.model.vocab_size
-    build_data(loaded.hf_model, tokenizer, out, data_config, loaded.source)
+    build_data(loaded.hf_model, tokenizer, out, data_config, loaded.source, features=architecture.eagle)
     data_seconds = time.perf_counter() - started
 
     data = load_teacher(out)
@@ -311,6 +312,9 @@ def distill(
     output_index[output_ids] = torch.arange(output_ids.numel())
     train_started = time.perf_counter()
     train(model, train_data, output_index, train_config, out, loss_fn=train_loss, on_epoch=on_epoch)
+    train_seconds = time.perf_counter() - train_started
+    # the time of the work kept in `out` over every run that did some (None: an older specdecode's, not recorded)
+    whole = {"data_seconds": shard_seconds(out), "train_seconds": trained_seconds(out)}
     # as many training sequences as held out: how far the held-out alpha is from what training fits
     sample = sorted(random.Random(data_config.seed).sample(train_indices, min(len(held), len(train_indices))))
 
@@ -331,8 +335,9 @@ def distill(
         "held_out_sequences": len(held),
         "continue_from": None if continue_from is None else _starting_point(continue_from),
         "parameters": weight_count(model),
-        "data_seconds": round(data_seconds, 1),
-        "train_seconds": round(time.perf_counter() - train_started, 1),
+        "data_seconds": round(whole["data_seconds"] if whole["data_seconds"] is not None else data_seconds, 1),
+        "train_seconds": round(whole["train_seconds"] if whole["train_seconds"] is not None else train_seconds, 1),
+        "timed": {name: "all runs" if seconds is not None else "this run" for name, seconds in whole.items()},
         "data": asdict(data_config),
         "architecture": asdict(architecture),
         "training": asdict(train_config),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,7 +25,7 @@ from specdecode.distill.teacher import TeacherData
 from specdecode.native.batched import decoder_stack
 from specdecode.native.model import NativeTransformer
 
-__all__ = ["TrainConfig", "draft_logits", "make_batches", "distill_loss", "tv_loss", "head_loss", "evaluate", "train"]
+__all__ = ["TrainConfig", "draft_logits", "make_batches", "distill_loss", "tv_loss", "head_loss", "evaluate", "train", "trained_seconds"]
 
 logger = logging.getLogger(__name__)
 
@@ -208,7 +209,8 @@ def train(
     lengths = [len(t) for t in train_data.ids]
     epochs = [make_batches(lengths, config.batch_tokens, random.Random(config.seed * 7919 + e)) for e in range(config.epochs)]
     total = sum(len(e) for e in epochs)
-    step = _resume(model, optimizer, Path(workdir), config)
+    step, seconds_before = _resume(model, optimizer, Path(workdir), config)
+    started = time.perf_counter()
     progress = tqdm(total=total, initial=step, desc="distilling", unit="step")
     done = 0
     for epoch, batches in enumerate(epochs):
@@ -234,23 +236,28 @@ def train(
             progress.update(1)
             progress.set_postfix(epoch=epoch, loss=f"{loss.item():.3f}")
             if step % config.checkpoint_every == 0 or step == total:
-                _checkpoint(model, optimizer, step, Path(workdir), config)
+                seconds = None if seconds_before is None else seconds_before + time.perf_counter() - started
+                _checkpoint(model, optimizer, step, Path(workdir), config, seconds)
     progress.close()
     return model.eval().requires_grad_(False)
 
 
-def _checkpoint(model: NativeTransformer, optimizer, step: int, workdir: Path, config: TrainConfig) -> None:
-    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step, "config": asdict(config)}
+def _checkpoint(model: NativeTransformer, optimizer, step: int, workdir: Path, config: TrainConfig,
+                seconds: float | None) -> None:
+    """Save the training state at `step`; seconds: the training time up to it over every run (None: unknown)."""
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step, "config": asdict(config),
+             "seconds": seconds}
     tmp = workdir / (CHECKPOINT_FILE + ".tmp")
     torch.save(state, tmp)
     tmp.replace(workdir / CHECKPOINT_FILE)  # never a half-written checkpoint
 
 
-def _resume(model: NativeTransformer, optimizer, workdir: Path, config: TrainConfig) -> int:
-    """Load workdir's checkpoint if there is one (it must come from the same TrainConfig); return its step."""
+def _resume(model: NativeTransformer, optimizer, workdir: Path, config: TrainConfig) -> tuple[int, float | None]:
+    """Load workdir's checkpoint if there is one (it must come from the same TrainConfig); return its step and
+    the training seconds up to it (None from a checkpoint of an older specdecode, which did not record them)."""
     path = workdir / CHECKPOINT_FILE
     if not path.is_file():
-        return 0
+        return 0, 0.0
     state = torch.load(path, weights_only=True)
     saved = {**asdict(TrainConfig()), **state["config"]}  # settings added since it was written take their defaults
     if saved != asdict(config):
@@ -258,4 +265,9 @@ def _resume(model: NativeTransformer, optimizer, workdir: Path, config: TrainCon
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     logger.info("resuming distillation from step %d", state["step"])
-    return int(state["step"])
+    return int(state["step"]), state.get("seconds")
+
+
+def trained_seconds(workdir: Path) -> float | None:
+    """The training time of workdir's last checkpoint over every run that trained it (None: not recorded)."""
+    return torch.load(Path(workdir) / CHECKPOINT_FILE, weights_only=True).get("seconds")

@@ -1,0 +1,128 @@
+"""Many prompts of different lengths decoded together on the native engine (distillation's training data).
+
+Prompts are right padded to [B, W]. Every row keeps its own positions: its prompt fills slots 0 .. len_i - 1
+of a static KV cache [B, KV, W + new, D] per layer, its n-th new token goes to slot len_i + n - 1 with RoPE
+at that position, and it attends to its own filled slots only (a mask per row), so padding never changes
+a row's arithmetic beyond float rounding. The prompt pass is teacher forced as in training
+(`native.batched`), keeping each layer's keys and values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from specdecode.native.batched import attention_inputs, attention_then_mlp
+from specdecode.native.model import NativeTransformer
+from specdecode.native.rope import rope_for
+
+__all__ = ["Generated", "generate_batch"]
+
+
+@dataclass
+class Generated:
+    """Per prompt: its new tokens (through the first end-of-sequence token), the model's top-k log-probabilities
+    at each new token's position (of the distribution it was drawn from, temperature 1), and with features its
+    final-norm outputs at positions 0 .. len + n - 2 (float16), the positions that predict a token."""
+
+    tokens: list[list[int]]
+    topk_ids: list[torch.Tensor]  # [n_i, k] int64
+    topk_logp: list[torch.Tensor]  # [n_i, k] float32
+    features: list[torch.Tensor] | None  # [len_i + n_i - 1, H] float16
+
+
+@torch.inference_mode()
+def generate_batch(
+    model: NativeTransformer,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    *,
+    eos: Collection[int],
+    top_k: int,
+    generator: torch.Generator | None = None,
+    features: bool = False,
+) -> Generated:
+    """Decode every prompt until an eos token or max_new_tokens: greedy, or sampled at temperature 1 from
+    `generator` when one is given. Rows that finish keep running (their tokens unused) until all have."""
+    if not prompts or min(len(p) for p in prompts) < 1:
+        raise ValueError("prompts must be non-empty token id lists")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens}")
+    config = model.config
+    lengths = torch.tensor([len(p) for p in prompts])  # [B]
+    batch, width = len(prompts), int(lengths.max())
+    slots = width + max_new_tokens
+    if slots > config.max_position_embeddings:
+        raise ValueError(f"prompt ({width} tokens) + max_new_tokens ({max_new_tokens}) exceed the model's "
+                         f"{config.max_position_embeddings} positions")
+    if config.sliding_window is not None and slots > config.sliding_window:
+        raise ValueError(f"prompt ({width} tokens) + max_new_tokens ({max_new_tokens}) exceed the model's sliding "
+                         f"window ({config.sliding_window}), which batched generation does not apply")
+    ids = torch.zeros(batch, width, dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, : len(prompt)] = torch.tensor(prompt)
+    cos, sin = rope_for(config, slots, model.dtype)  # [slots, 1, D]
+    cache_shape = (batch, config.num_kv_heads, slots, config.head_dim)
+    k_cache = [torch.zeros(cache_shape, dtype=model.dtype) for _ in model.layers]
+    v_cache = [torch.zeros(cache_shape, dtype=model.dtype) for _ in model.layers]
+    gqa = config.num_heads != config.num_kv_heads
+
+    x = model.embed(ids)  # [B, W, H]: the prompts, teacher forced
+    for layer, k_layer, v_layer in zip(model.layers, k_cache, v_cache):
+        q, k, v = attention_inputs(layer, config, x, cos[:width], sin[:width])
+        k_layer[:, :, :width], v_layer[:, :, :width] = k, v
+        x = attention_then_mlp(layer, x, F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa))
+    rows = torch.arange(batch)
+    x = model.norm(x)  # [B, W, H]
+    kept = [x.half()] if features else []
+    logits = model.lm_head(x[rows, lengths - 1])  # [B, V]: each prompt's last position
+
+    eos_ids = torch.tensor(sorted(eos), dtype=torch.long)
+    steps_ids, steps_logp, new_tokens = [], [], []
+    done = torch.zeros(batch, dtype=torch.bool)
+    finished_at = torch.full((batch,), max_new_tokens)  # new tokens of each row, through its eos
+    for step in range(max_new_tokens):
+        logp = torch.log_softmax(logits.float(), dim=-1)  # [B, V]
+        values, indices = logp.topk(top_k, dim=-1)
+        steps_ids.append(indices)
+        steps_logp.append(values)
+        if generator is None:
+            token = indices[:, 0]
+        else:
+            token = torch.multinomial(logp.exp(), 1, generator=generator)[:, 0]
+        new_tokens.append(token)
+        ended = ~done & torch.isin(token, eos_ids)
+        finished_at[ended] = step + 1
+        done |= ended
+        if bool(done.all()) or step + 1 == max_new_tokens:
+            break
+        positions = lengths + step  # [B]: the slot of this new token in each row
+        end = int(positions.max()) + 1
+        mask = (torch.arange(end)[None, :] <= positions[:, None])[:, None, None, :]  # [B, 1, 1, end]
+        x = model.embed(token)[:, None]  # [B, 1, H]
+        cos_rows, sin_rows = cos[positions][:, None], sin[positions][:, None]  # [B, 1, 1, D]
+        for layer, k_layer, v_layer in zip(model.layers, k_cache, v_cache):
+            q, k, v = attention_inputs(layer, config, x, cos_rows, sin_rows)  # q [B, Hq, 1, D], k, v [B, KV, 1, D]
+            k_layer[rows, :, positions], v_layer[rows, :, positions] = k[:, :, 0], v[:, :, 0]
+            attended = F.scaled_dot_product_attention(q, k_layer[:, :, :end], v_layer[:, :, :end], attn_mask=mask,
+                                                      enable_gqa=gqa)
+            x = attention_then_mlp(layer, x, attended)
+        x = model.norm(x)  # [B, 1, H]
+        if features:
+            kept.append(x.half())
+        logits = model.lm_head(x[:, 0])
+
+    tokens = torch.stack(new_tokens, dim=1)  # [B, S]
+    topk_ids, topk_logp = torch.stack(steps_ids, dim=1), torch.stack(steps_logp, dim=1)  # [B, S, k]
+    counts = finished_at.clamp_max(tokens.shape[1]).tolist()
+    generated = [tokens[row, :n].tolist() for row, n in enumerate(counts)]
+    kept_features = None
+    if features:
+        new_features = torch.cat(kept[1:], dim=1) if len(kept) > 1 else kept[0][:, :0]  # [B, S - 1, H]
+        kept_features = [torch.cat([kept[0][row, :length], new_features[row, : n - 1]])
+                         for row, (length, n) in enumerate(zip(lengths.tolist(), counts))]
+    return Generated(generated, [topk_ids[row, :n] for row, n in enumerate(counts)],
+                     [topk_logp[row, :n] for row, n in enumerate(counts)], kept_features)

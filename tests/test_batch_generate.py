@@ -1,0 +1,93 @@
+"""Batched generation on the native engine (`native.batch_generate`): ragged prompts decode as each would alone."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+from scipy.stats import chisquare
+from tiny_hf import tiny_llama, tiny_qwen2
+
+from specdecode.native.batch_generate import generate_batch
+from specdecode.native.batched import decoder_stack
+from specdecode.native.fast import pack_linears, packing_available
+from specdecode.native.loading import native_from_hf_model
+
+
+def _teacher_forced(model, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The final-norm outputs [L, H] and next-token log-probabilities [L, V] of ids, in one teacher-forced pass."""
+    with torch.no_grad():
+        h = model.norm(decoder_stack(model.layers, model.config, model.embed(torch.tensor([ids]))))[0]
+        return h, torch.log_softmax(model.lm_head(h).float(), dim=-1)
+
+
+def _greedy_alone(model, prompt: list[int], max_new_tokens: int, eos: set[int]) -> list[int]:
+    tokens: list[int] = []
+    while len(tokens) < max_new_tokens and not (tokens and tokens[-1] in eos):
+        tokens.append(int(_teacher_forced(model, prompt + tokens)[1][-1].argmax()))
+    return tokens
+
+
+@pytest.mark.parametrize("packing", ["none", "packed"])
+@pytest.mark.parametrize("make", [tiny_llama, tiny_qwen2])
+def test_greedy_rows_decode_as_each_prompt_alone_with_its_distributions_and_features(make, packing):
+    if packing == "packed" and not packing_available(torch.float32):
+        pytest.skip("oneDNN packing is not available here")
+    model = native_from_hf_model(make(seed=3, suppress_eos=False), torch.float32)
+    plain = native_from_hf_model(make(seed=3, suppress_eos=False), torch.float32)
+    if packing == "packed":
+        pack_linears(model, "packed")
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, model.config.vocab_size, (n,), generator=g).tolist() for n in (5, 1, 12, 3, 8)]
+    first = generate_batch(model, prompts, 10, eos=set(), top_k=4)
+    eos = {first.tokens[0][3]}  # ends row 0 after at most 4 tokens, and any other row that makes it
+    made = generate_batch(model, prompts, 10, eos=eos, top_k=4, features=True)
+    assert len(made.tokens[0]) <= 4 and max(len(t) for t in made.tokens) == 10
+    for prompt, tokens, ids, logp, features in zip(prompts, made.tokens, made.topk_ids, made.topk_logp, made.features):
+        assert tokens == _greedy_alone(plain, prompt, 10, eos)
+        h, exact = _teacher_forced(plain, prompt + tokens)
+        at = exact[len(prompt) - 1 : len(prompt) - 1 + len(tokens)]  # [n, V]: the distributions the tokens came from
+        assert ids.shape == (len(tokens), 4) and ids[:, 0].tolist() == tokens
+        torch.testing.assert_close(logp, at.gather(1, ids), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(logp[:, 0], at.max(dim=-1).values, atol=1e-4, rtol=1e-4)  # the top-k are the largest
+        assert features.dtype == torch.float16 and features.shape == (len(prompt) + len(tokens) - 1, h.shape[1])
+        torch.testing.assert_close(features.float(), h[:-1], atol=2e-3, rtol=2e-3)
+
+
+def test_sampled_rows_follow_the_models_distribution_over_two_tokens():
+    """Chi-square of the first two sampled tokens of two ragged prompts against p(a) p(b | a), enumerated."""
+    model = native_from_hf_model(tiny_llama(seed=4, suppress_eos=False), torch.float32)
+    prompts = [[5, 9, 11], [7, 3, 20, 21, 8, 30, 4]]
+    samples = 3000
+    made = generate_batch(model, prompts * samples, 2, eos=set(), top_k=3, generator=torch.Generator().manual_seed(0))
+    for which, prompt in enumerate(prompts):
+        counts = Counter(tuple(t) for t in made.tokens[which::2])
+        first = _teacher_forced(model, prompt)[1][-1].exp()  # [V]
+        exact = {}
+        for a in range(model.config.vocab_size):
+            second = _teacher_forced(model, prompt + [a])[1][-1].exp()
+            exact.update({(a, b): float(first[a] * second[b]) for b in range(model.config.vocab_size)})
+        observed, expected, rest_observed, rest_expected = [], [], 0, 0.0
+        for pair, p in exact.items():  # cells expected fewer than 5 times are pooled into one
+            if p * samples >= 5:
+                observed.append(counts[pair])
+                expected.append(p * samples)
+            else:
+                rest_observed += counts[pair]
+                rest_expected += p * samples
+        observed.append(rest_observed)
+        expected.append(rest_expected)
+        assert len(observed) > 100  # about 60% of the mass in cells of their own
+        scale = sum(observed) / sum(expected)  # the float sum of p is 1 within rounding
+        assert chisquare(observed, [e * scale for e in expected]).pvalue > 1e-3
+
+
+def test_bad_arguments_are_refused_by_name():
+    model = native_from_hf_model(tiny_llama(seed=0, max_positions=16), torch.float32)
+    with pytest.raises(ValueError, match="prompts must be non-empty"):
+        generate_batch(model, [[3], []], 4, eos={1}, top_k=2)
+    with pytest.raises(ValueError, match="max_new_tokens must be a positive integer"):
+        generate_batch(model, [[3]], 0, eos={1}, top_k=2)
+    with pytest.raises(ValueError, match="exceed the model's 16 positions"):
+        generate_batch(model, [[3] * 10], 7, eos={1}, top_k=2)
