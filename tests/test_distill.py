@@ -735,7 +735,7 @@ def test_eagle_data_keeps_the_targets_features_from_the_passes_that_made_it(tiny
     """The final-norm outputs kept from the native engine's batched generation (greedy and sampled batches,
     answers ended by EOS or by max_new_tokens) and from its teacher-forced text pass are the target's features."""
     import specdecode.distill.eagle as eagle
-    from specdecode.distill.teacher import cache_text, native_teacher
+    from specdecode.distill.teacher import cache_text
 
     hf = tiny_llama(suppress_eos=False, init_range=0.05)  # flat logits: EOS ends some answers early
     teacher, native = native_teacher(hf), native_from_hf_model(hf, torch.float32)  # packed where oneDNN runs; plain
