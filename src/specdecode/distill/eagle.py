@@ -4,8 +4,9 @@ The network (`specdecode.native.eagle.EagleNetwork`) predicts token j + 1 from t
 f_{j-1} and the token x_j. Training reads the target's features of every training sequence: kept in the
 teacher shards when the data was built with features (read from the target's passes that made the data),
 otherwise computed once per sequence and kept in the work directory (features.safetensors, float16).
-The loss is the distillation loss of the head's logits plus a smooth-L1 regression of the network's g_j on f_j (EAGLE's feature loss), which is what lets the network
-stand in for the target's features deeper in a draft.
+The loss is the distillation loss of the head's logits plus a smooth-L1 regression of the network's g_j
+on f_j (EAGLE's feature loss), which is what lets the network stand in for the target's features deeper
+in a draft.
 """
 
 from __future__ import annotations

@@ -42,8 +42,8 @@ from specdecode.native.loading import end_of_sequence_ids, native_from_hf_model
 from specdecode.native.model import NativeTransformer
 
 __all__ = [
-    "TeacherData", "native_teacher", "RESPONSE_BLOCK", "SHARD_SERIES", "response_batches", "generate_responses", "cache_text", "load_teacher",
-    "chat_ids", "shard_seconds",
+    "TeacherData", "native_teacher", "RESPONSE_BLOCK", "SHARD_SERIES", "response_batches", "generate_responses",
+    "cache_text", "load_teacher", "chat_ids", "shard_seconds",
 ]
 
 logger = logging.getLogger(__name__)
