@@ -41,9 +41,10 @@ def test_greedy_rows_decode_as_each_prompt_alone_with_its_distributions_and_feat
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, model.config.vocab_size, (n,), generator=g).tolist() for n in (5, 1, 12, 3, 8)]
     first = generate_batch(model, prompts, 10, eos=set(), top_k=4)
-    eos = {first.tokens[0][3]}  # ends row 0 after at most 4 tokens, and any other row that makes it
+    eos = {first.tokens[0][3], first.tokens[2][5]}  # ends rows 0 and 2 early, and any other row that makes one
     made = generate_batch(model, prompts, 10, eos=eos, top_k=4, features=True)
-    assert len(made.tokens[0]) <= 4 and max(len(t) for t in made.tokens) == 10
+    assert len(made.tokens[0]) <= 4 and len(made.tokens[2]) <= 6 and max(len(t) for t in made.tokens) == 10
+    # so two of the five rows finished while others ran on: they left the batch (a quarter had finished)
     for prompt, tokens, ids, logp, features in zip(prompts, made.tokens, made.topk_ids, made.topk_logp, made.features):
         assert tokens == _greedy_alone(plain, prompt, 10, eos)
         h, exact = _teacher_forced(plain, prompt + tokens)
@@ -68,19 +69,48 @@ def test_sampled_rows_follow_the_models_distribution_over_two_tokens():
         for a in range(model.config.vocab_size):
             second = _teacher_forced(model, prompt + [a])[1][-1].exp()
             exact.update({(a, b): float(first[a] * second[b]) for b in range(model.config.vocab_size)})
-        observed, expected, rest_observed, rest_expected = [], [], 0, 0.0
-        for pair, p in exact.items():  # cells expected fewer than 5 times are pooled into one
-            if p * samples >= 5:
-                observed.append(counts[pair])
-                expected.append(p * samples)
-            else:
-                rest_observed += counts[pair]
-                rest_expected += p * samples
-        observed.append(rest_observed)
-        expected.append(rest_expected)
-        assert len(observed) > 100  # about 60% of the mass in cells of their own
-        scale = sum(observed) / sum(expected)  # the float sum of p is 1 within rounding
-        assert chisquare(observed, [e * scale for e in expected]).pvalue > 1e-3
+        assert _chi_square_pvalue(counts, exact, samples, min_cells=100) > 1e-3  # about 60% of the mass in cells of their own
+
+
+def test_rows_that_outlive_finished_ones_still_follow_the_models_distribution():
+    """Most likely first tokens end a row: over a quarter of the rows finish at once and leave the batch; the
+    sequences of one or two tokens of the rest match p(a), or p(a) p(b | a), enumerated."""
+    model = native_from_hf_model(tiny_llama(seed=5, suppress_eos=False), torch.float32)
+    prompt, samples = [4, 17, 9, 2], 4000
+    first = _teacher_forced(model, prompt)[1][-1].exp()  # [V]
+    eos, mass = set(), 0.0
+    for a in first.argsort(descending=True).tolist():  # the likeliest first tokens, up to a third of the mass
+        if mass >= 1 / 3:
+            break
+        eos.add(a)
+        mass += float(first[a])
+    made = generate_batch(model, [prompt] * samples, 2, eos=eos, top_k=3, generator=torch.Generator().manual_seed(1))
+    counts = Counter(tuple(t) for t in made.tokens)
+    assert sum(counts[(a,)] for a in eos) > samples / 4  # enough rows finished together to leave the batch
+    exact = {(a,): float(first[a]) for a in eos}
+    for a in set(range(model.config.vocab_size)) - eos:
+        second = _teacher_forced(model, prompt + [a])[1][-1].exp()
+        exact.update({(a, b): float(first[a] * second[b]) for b in range(model.config.vocab_size)})
+    assert _chi_square_pvalue(counts, exact, samples, min_cells=50) > 1e-3
+
+
+def _chi_square_pvalue(counts: Counter, exact: dict[tuple[int, ...], float], samples: int, min_cells: int) -> float:
+    """Chi-square p-value of observed sequence counts against exact probabilities; cells expected fewer than 5
+    times are pooled into one, and at least min_cells must be left on their own."""
+    observed, expected, rest_observed, rest_expected = [], [], 0, 0.0
+    for cell, p in exact.items():
+        if p * samples >= 5:
+            observed.append(counts[cell])
+            expected.append(p * samples)
+        else:
+            rest_observed += counts[cell]
+            rest_expected += p * samples
+    assert sum(observed) + rest_observed == samples  # no sequence outside the enumerated cells
+    observed.append(rest_observed)
+    expected.append(rest_expected)
+    assert len(observed) > min_cells
+    scale = sum(observed) / sum(expected)  # the float sum of p is 1 within rounding
+    return chisquare(observed, [e * scale for e in expected]).pvalue
 
 
 def test_bad_arguments_are_refused_by_name():

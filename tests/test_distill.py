@@ -28,7 +28,7 @@ from specdecode.distill.sources import (
 from specdecode.distill.teacher import generate_responses, load_teacher, native_teacher, response_batches
 from specdecode.distill.recipe import init_draft
 from specdecode.distill import train as train_module
-from specdecode.distill.train import distill_loss, draft_logits, make_batches, tv_loss
+from specdecode.distill.train import distill_loss, draft_logits, head_loss, make_batches, tv_loss
 from specdecode.drafters import LookupThenModelDrafter, ModelDrafter
 from specdecode.drafters.distilled import (
     ReducedVocabLM,
@@ -119,6 +119,25 @@ def test_tv_loss_is_one_minus_the_overlap_of_p_and_q_on_the_head():
     torch.testing.assert_close(tv_loss(logits, idx, p), torch.tensor(1 - sum(overlap) / 2))
     same = torch.log(torch.tensor([[0.6, 0.0, 0.4]]))  # q == p: no loss, no NaN from the zero
     torch.testing.assert_close(tv_loss(same, torch.tensor([[0, 2]]), torch.tensor([[0.6, 0.4]])), torch.tensor(0.0))
+
+
+@pytest.mark.parametrize("tv_weight", [0.0, 5.0])
+def test_head_loss_is_the_kl_plus_the_weighted_tv_with_their_gradients(tv_weight):
+    torch.manual_seed(0)
+    logits = torch.randn(40, 50, requires_grad=True)  # [n, K]
+    idx = torch.randint(0, 50, (40, 6))
+    idx[::3, -2:] = -1  # outside the head
+    p = torch.softmax(torch.randn(40, 6), -1)  # its mass outside the head counts for nothing in either term
+    valid = idx >= 0
+    q_at = torch.softmax(logits, -1).gather(1, idx.clamp_min(0)) * valid  # the two terms written out apart
+    kl = -(p * torch.log_softmax(logits, -1).gather(1, idx.clamp_min(0)) * valid).sum(-1).mean()
+    expected = kl + tv_weight * (1 - torch.minimum(p, q_at).sum(-1).mean())
+    (expected_grad,) = torch.autograd.grad(expected, logits)
+    loss = head_loss(logits, idx, p, tv_weight)
+    (grad,) = torch.autograd.grad(loss, logits)
+    torch.testing.assert_close(loss, expected)
+    torch.testing.assert_close(grad, expected_grad)
+    assert grad.abs().max() > 1e-3
 
 
 def test_distill_writes_a_loadable_draft_that_learned(distilled, tiny_target):
@@ -688,16 +707,16 @@ def test_tv_and_feature_weights_reach_the_loss(tiny_target, tmp_path, monkeypatc
     with pytest.raises(ValueError, match="feature_weight=3.0 weighs an EAGLE draft's feature loss"):
         distill(str(target), tmp_path / "refused", _data(prompts), ARCH, config, held_out=0.25)
 
-    calls: list[str] = []  # a transformer draft's steps: tv_loss beside each distill_loss, and only with a weight
-    for name in ("distill_loss", "tv_loss"):
+    calls: list[str] = []  # a transformer draft's steps: the TV term beside each KL term, and only with a weight
+    for name in ("_kl_term", "_tv_term"):
         monkeypatch.setattr(train_module, name, lambda *args, f=getattr(train_module, name), n=name: calls.append(n) or f(*args))
     small = TrainConfig(epochs=1, batch_tokens=256, lr=1e-2, warmup_steps=2)
     distill(str(target), tmp_path / "plain", _data(prompts), ARCH, small, held_out=0.25)
-    assert calls and set(calls) == {"distill_loss"}
+    assert calls and set(calls) == {"_kl_term"}
     assert "total variation" not in (tmp_path / "plain" / "draft" / "README.md").read_text()
     calls.clear()
     distill(str(target), tmp_path / "tv", _data(prompts), ARCH, dataclasses.replace(small, tv_weight=1.0), held_out=0.25)
-    assert calls == ["distill_loss", "tv_loss"] * (len(calls) // 2) and calls
+    assert calls == ["_kl_term", "_tv_term"] * (len(calls) // 2) and calls
 
 
 def test_target_features_are_kept_by_token_ids_so_added_sequences_alone_are_computed(eagle_distilled, tmp_path, monkeypatch):

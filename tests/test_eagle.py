@@ -18,7 +18,7 @@ from specdecode.drafters.eagle import EagleDrafter, is_eagle_draft, load_eagle, 
 from specdecode.models.loading import LoadedModel
 from specdecode.native.batched import decoder_stack
 from specdecode.native.config import NativeConfig
-from specdecode.native.eagle import EagleNetwork
+from specdecode.native.eagle import EagleNetwork, read_at_depth
 from specdecode.native.engine import NativeLM
 from specdecode.native.model import NativeTransformer
 from specdecode.pipeline import DEFAULT_MIN_CONFIDENCE, make_drafter
@@ -109,6 +109,39 @@ def test_unrolled_features_are_what_the_network_computes_steps_into_a_draft():
                 for position in range(known, j + 1):
                     g = network.step(g, embedded[0, position : position + 1], position, cache)
                 torch.testing.assert_close(g[0], unrolled[depth - 1][0, j], rtol=1e-4, atol=1e-5)
+
+
+def test_read_at_depth_adds_the_positions_deeper_tokens_read():
+    wanted = torch.tensor([[False, False, True, False, True, False]])
+    read = [read_at_depth(wanted, level, 3)[0].nonzero().flatten().tolist() for level in (1, 2, 3)]
+    assert read == [[0, 1, 2, 3, 4], [1, 2, 3, 4], [2, 4]]
+    assert torch.equal(read_at_depth(wanted, 1, 1), wanted)
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_unrolled_features_at_wanted_positions_equal_the_whole_computation_with_gradients(depth):
+    """Training runs the output projection and MLP only where g is read: the same g there, the same gradients."""
+    torch.manual_seed(4)
+    previous, embedded = torch.randn(2, 11, 16), torch.randn(2, 11, 16)
+    wanted = torch.zeros(2, 11, dtype=torch.bool)
+    wanted[0, 5:9], wanted[1, 2:11] = True, True  # a response after a prompt; a longer one
+    weights = torch.randn(depth, 2, 11, 16)
+
+    def run(where):
+        network = _network()
+        outputs = network.unrolled_features(previous, embedded, depth, where)
+        loss = sum((g[wanted] * w[wanted]).sum() for g, w in zip(outputs, weights))
+        return outputs, torch.autograd.grad(loss, list(network.parameters()))
+
+    (whole, whole_grads), (part, part_grads) = run(None), run(wanted)
+    for level, (g_whole, g_part) in enumerate(zip(whole, part), start=1):
+        read = read_at_depth(wanted, level, depth)
+        torch.testing.assert_close(g_part[read], g_whole[read], rtol=1e-5, atol=1e-5)
+        assert not g_part[~read].any()  # not computed
+    for a, b in zip(part_grads, whole_grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match=r"wanted must be \[B, L\]"):
+        _network().unrolled_features(previous, embedded, depth, wanted[:, :5])
 
 
 def test_unrolled_depth_must_be_a_positive_integer():

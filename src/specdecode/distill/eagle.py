@@ -139,8 +139,10 @@ class EagleObjective:
             out[row, shift : len(f)] = f[: len(f) - shift]
         return out
 
-    def _g(self, indices: Sequence[int], ids: torch.Tensor, depth: int) -> list[torch.Tensor]:  # depth x [B, L, H]
-        return self.network.unrolled_features(self._shifted(indices, ids, 1), F.embedding(ids, self.embedding), depth)
+    def _g(self, indices: Sequence[int], ids: torch.Tensor, depth: int,
+           wanted: torch.Tensor | None = None) -> list[torch.Tensor]:  # depth x [B, L, H]
+        return self.network.unrolled_features(self._shifted(indices, ids, 1), F.embedding(ids, self.embedding), depth,
+                                              wanted)
 
     def logits(self, indices: Sequence[int], ids: torch.Tensor, depth: int = 1) -> torch.Tensor:
         """[B, L, K]: teacher forced; at depth 1 every position reads the target's previous feature, at depth d
@@ -156,8 +158,10 @@ class EagleObjective:
         """Mean over the trained depths of the head's distillation loss (plus tv_weight x its total variation)
         plus feature_weight x smooth-L1 of g_j against f_j (at the scored positions)."""
         f = self._shifted(indices, ids, 0)[rows, positions]  # [n, H]
+        wanted = torch.zeros(ids.shape, dtype=torch.bool)  # [B, L]: the layer's MLP runs where the loss reads g
+        wanted[rows, positions] = True
         total = torch.zeros(())
-        for g_all in self._g(indices, ids, self.depth):
+        for g_all in self._g(indices, ids, self.depth, wanted):
             g = g_all[rows, positions]  # [n, H]
             total = total + head_loss(self.network.head(g), idx, p, self.tv_weight) + self.feature_weight * F.smooth_l1_loss(g, f)
         return total / self.depth

@@ -116,24 +116,38 @@ def _batch(data: TeacherData, indices: Sequence[int], output_index: torch.Tensor
     return ids, torch.cat(rows), torch.cat(positions), torch.cat(idx), torch.cat(p)
 
 
+def _picked_logq(logits: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """[n, k]: log q(idx_j) of the head's softmax over logits [n, K], 0 where idx_j = -1 (outside the head)."""
+    return torch.where(idx >= 0, torch.log_softmax(logits.float(), dim=-1).gather(1, idx.clamp_min(0)), 0.0)
+
+
+def _kl_term(logq: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """Mean over positions of -sum_j p_j log q_j (logq from _picked_logq, p [n, k])."""
+    return -(p * logq).sum(dim=-1).mean()
+
+
+def _tv_term(logq: torch.Tensor, idx: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """Mean over positions of 1 - sum_j min(p_j, q_j), q_j = 0 outside the head."""
+    return 1 - torch.minimum(p, logq.exp() * (idx >= 0)).sum(dim=-1).mean()
+
+
 def distill_loss(logits: torch.Tensor, idx: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     """Mean over positions of -sum_j p_j log q(idx_j): logits [n, K], idx [n, k] (-1 = outside the head), p [n, k]."""
-    logq = torch.log_softmax(logits.float(), dim=-1)
-    picked = logq.gather(1, idx.clamp_min(0)) * (idx >= 0)
-    return -(p * picked).sum(dim=-1).mean()
+    return _kl_term(_picked_logq(logits, idx), p)
 
 
 def tv_loss(logits: torch.Tensor, idx: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     """Mean over positions of 1 - sum_j min(p_j, q(idx_j)): the total variation alpha at T=1 measures (top-k p;
     shapes as distill_loss)."""
-    q_at = torch.softmax(logits.float(), dim=-1).gather(1, idx.clamp_min(0)) * (idx >= 0)
-    return 1 - torch.minimum(p, q_at).sum(dim=-1).mean()
+    return _tv_term(_picked_logq(logits, idx), idx, p)
 
 
 def head_loss(logits: torch.Tensor, idx: torch.Tensor, p: torch.Tensor, tv_weight: float = 0.0) -> torch.Tensor:
-    """The draft head's training loss: distill_loss, plus tv_weight x tv_loss when tv_weight is set (shapes as distill_loss)."""
-    loss = distill_loss(logits, idx, p)
-    return loss + tv_weight * tv_loss(logits, idx, p) if tv_weight else loss
+    """The draft head's training loss: distill_loss, plus tv_weight x tv_loss when tv_weight is set (shapes as
+    distill_loss). Both read one log-softmax over the head, so its backward pass runs once."""
+    logq = _picked_logq(logits, idx)  # [n, k]
+    loss = _kl_term(logq, p)
+    return loss + tv_weight * _tv_term(logq, idx, p) if tv_weight else loss
 
 
 @torch.no_grad()

@@ -4,7 +4,8 @@ Prompts are right padded to [B, W]. Every row keeps its own positions: its promp
 of a static KV cache [B, KV, W + new, D] per layer, its n-th new token goes to slot len_i + n - 1 with RoPE
 at that position, and it attends to its own filled slots only (a mask per row), so padding never changes
 a row's arithmetic beyond float rounding. The prompt pass is teacher forced as in training
-(`native.batched`), keeping each layer's keys and values.
+(`native.batched`), keeping each layer's keys and values. Once a quarter of the rows in the batch have
+finished, they leave it (the caches are copied without their rows), so finished rows cost little.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def generate_batch(
     features: bool = False,
 ) -> Generated:
     """Decode every prompt until an eos token or max_new_tokens: greedy, or sampled at temperature 1 from
-    `generator` when one is given. Rows that finish keep running (their tokens unused) until all have."""
+    `generator` when one is given (one draw per row still in the batch at each step)."""
     if not prompts or min(len(p) for p in prompts) < 1:
         raise ValueError("prompts must be non-empty token id lists")
     if max_new_tokens < 1:
@@ -75,54 +76,57 @@ def generate_batch(
         q, k, v = attention_inputs(layer, config, x, cos[:width], sin[:width])
         k_layer[:, :, :width], v_layer[:, :, :width] = k, v
         x = attention_then_mlp(layer, x, F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa))
-    rows = torch.arange(batch)
     x = model.norm(x)  # [B, W, H]
-    kept = [x.half()] if features else []
-    logits = model.lm_head(x[rows, lengths - 1])  # [B, V]: each prompt's last position
+    prompt_features = x.half() if features else None
+    logits = model.lm_head(x[torch.arange(batch), lengths - 1])  # [B, V]: each prompt's last position
 
     eos_ids = torch.tensor(sorted(eos), dtype=torch.long)
-    steps_ids, steps_logp, new_tokens = [], [], []
-    done = torch.zeros(batch, dtype=torch.bool)
+    tokens = torch.zeros(batch, max_new_tokens, dtype=torch.long)
+    topk_ids = torch.zeros(batch, max_new_tokens, top_k, dtype=torch.long)
+    topk_logp = torch.zeros(batch, max_new_tokens, top_k)
+    new_features = torch.zeros(batch, max_new_tokens, config.hidden_size, dtype=torch.float16) if features else None
     finished_at = torch.full((batch,), max_new_tokens)  # new tokens of each row, through its eos
+    live = torch.arange(batch)  # [R]: the rows still in the batch (finished rows leave it together, below)
+    done = torch.zeros(batch, dtype=torch.bool)  # [R]
     for step in range(max_new_tokens):
-        logp = torch.log_softmax(logits.float(), dim=-1)  # [B, V]
-        values, indices = logp.topk(top_k, dim=-1)
-        steps_ids.append(indices)
-        steps_logp.append(values)
+        logp = torch.log_softmax(logits.float(), dim=-1)  # [R, V]
+        topk_logp[live, step], topk_ids[live, step] = logp.topk(top_k, dim=-1)
         if generator is None:
-            token = indices[:, 0]
+            token = topk_ids[live, step, 0]
         else:
             token = torch.multinomial(logp.exp(), 1, generator=generator)[:, 0]
-        new_tokens.append(token)
+        tokens[live, step] = token
         ended = ~done & torch.isin(token, eos_ids)
-        finished_at[ended] = step + 1
+        finished_at[live[ended]] = step + 1
         done |= ended
         if bool(done.all()) or step + 1 == max_new_tokens:
             break
-        positions = lengths + step  # [B]: the slot of this new token in each row
+        if 4 * int(done.sum()) >= len(live):  # a quarter of the rows have finished: drop them from the batch
+            keep = ~done
+            live, token, lengths, done = live[keep], token[keep], lengths[keep], done[keep]
+            k_cache, v_cache = [k[keep] for k in k_cache], [v[keep] for v in v_cache]
+        rows = torch.arange(len(live))
+        positions = lengths + step  # [R]: the slot of this new token in each row
         end = int(positions.max()) + 1
-        mask = (torch.arange(end)[None, :] <= positions[:, None])[:, None, None, :]  # [B, 1, 1, end]
-        x = model.embed(token)[:, None]  # [B, 1, H]
-        cos_rows, sin_rows = cos[positions][:, None], sin[positions][:, None]  # [B, 1, 1, D]
+        mask = (torch.arange(end)[None, :] <= positions[:, None])[:, None, None, :]  # [R, 1, 1, end]
+        x = model.embed(token)[:, None]  # [R, 1, H]
+        cos_rows, sin_rows = cos[positions][:, None], sin[positions][:, None]  # [R, 1, 1, D]
         for layer, k_layer, v_layer in zip(model.layers, k_cache, v_cache):
-            q, k, v = attention_inputs(layer, config, x, cos_rows, sin_rows)  # q [B, Hq, 1, D], k, v [B, KV, 1, D]
+            q, k, v = attention_inputs(layer, config, x, cos_rows, sin_rows)  # q [R, Hq, 1, D], k, v [R, KV, 1, D]
             k_layer[rows, :, positions], v_layer[rows, :, positions] = k[:, :, 0], v[:, :, 0]
             attended = F.scaled_dot_product_attention(q, k_layer[:, :, :end], v_layer[:, :, :end], attn_mask=mask,
                                                       enable_gqa=gqa)
             x = attention_then_mlp(layer, x, attended)
-        x = model.norm(x)  # [B, 1, H]
-        if features:
-            kept.append(x.half())
+        x = model.norm(x)  # [R, 1, H]
+        if new_features is not None:
+            new_features[live, step] = x[:, 0].half()
         logits = model.lm_head(x[:, 0])
 
-    tokens = torch.stack(new_tokens, dim=1)  # [B, S]
-    topk_ids, topk_logp = torch.stack(steps_ids, dim=1), torch.stack(steps_logp, dim=1)  # [B, S, k]
-    counts = finished_at.clamp_max(tokens.shape[1]).tolist()
-    generated = [tokens[row, :n].tolist() for row, n in enumerate(counts)]
+    counts = finished_at.clamp_max(step + 1).tolist()
     kept_features = None
-    if features:
-        new_features = torch.cat(kept[1:], dim=1) if len(kept) > 1 else kept[0][:, :0]  # [B, S - 1, H]
-        kept_features = [torch.cat([kept[0][row, :length], new_features[row, : n - 1]])
-                         for row, (length, n) in enumerate(zip(lengths.tolist(), counts))]
-    return Generated(generated, [topk_ids[row, :n] for row, n in enumerate(counts)],
+    if prompt_features is not None and new_features is not None:
+        kept_features = [torch.cat([prompt_features[row, :length], new_features[row, : n - 1]])
+                         for row, (length, n) in enumerate(zip([len(p) for p in prompts], counts))]
+    return Generated([tokens[row, :n].tolist() for row, n in enumerate(counts)],
+                     [topk_ids[row, :n] for row, n in enumerate(counts)],
                      [topk_logp[row, :n] for row, n in enumerate(counts)], kept_features)

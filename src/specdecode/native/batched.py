@@ -27,10 +27,25 @@ def attention_inputs(layer: DecoderLayer, config: NativeConfig, x: torch.Tensor,
     return tuple(t.transpose(1, 2) for t in (qk[:, :, :h], qk[:, :, h:], qkv[:, :, h + kv :]))
 
 
-def attention_then_mlp(layer: DecoderLayer, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
-    """The rest of the layer: x [B, L, hidden] + o(attended [B, H, L, D]), then + the MLP of that."""
+def attention_then_mlp(layer: DecoderLayer, x: torch.Tensor, attended: torch.Tensor,
+                       where: torch.Tensor | None = None) -> torch.Tensor:
+    """The rest of the layer: x [B, L, hidden] + o(attended [B, H, L, D]), then + the MLP of that.
+
+    where [B, L] bool: compute these positions only (the output is zero at the others), for training,
+    which reads few of a sequence's positions: the output projection and the MLP are most of a layer's work.
+    """
     b, length, _ = x.shape
-    x = x + layer.o(attended.transpose(1, 2).reshape(b, length, -1))
+    merged = attended.transpose(1, 2).reshape(b, length, -1)  # [B, L, H * D]
+    if where is None:
+        return _output_and_mlp(layer, x, merged)
+    out = torch.zeros_like(x)
+    out[where] = _output_and_mlp(layer, x[where], merged[where])  # [n, hidden] at the n positions of where
+    return out
+
+
+def _output_and_mlp(layer: DecoderLayer, x: torch.Tensor, merged: torch.Tensor) -> torch.Tensor:
+    """x [..., hidden] + o(merged [..., H * D]), then + the MLP of that."""
+    x = x + layer.o(merged)
     gate, up = layer.gate_up(layer.mlp_norm(x)).chunk(2, dim=-1)
     return x + layer.down(F.silu(gate) * up)
 

@@ -23,7 +23,7 @@ from specdecode.native.config import NativeConfig
 from specdecode.native.model import DecoderLayer, KVCache, RMSNorm, attention_mask
 from specdecode.native.rope import rope_for
 
-__all__ = ["EagleNetwork", "unrolled_mask"]
+__all__ = ["EagleNetwork", "read_at_depth", "unrolled_mask"]
 
 
 class EagleNetwork(nn.Module):
@@ -77,7 +77,8 @@ class EagleNetwork(nn.Module):
     def _input(self, previous: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:  # [..., H] x2 -> [..., H]
         return self.fc(torch.cat([self.feature_norm(previous), self.embed_norm(embedded)], dim=-1))
 
-    def unrolled_features(self, previous: torch.Tensor, embedded: torch.Tensor, depth: int) -> list[torch.Tensor]:
+    def unrolled_features(self, previous: torch.Tensor, embedded: torch.Tensor, depth: int,
+                          wanted: torch.Tensor | None = None) -> list[torch.Tensor]:
         """g of draft depths 1 .. depth [B, L, H] each, for whole sequences from position 0 (training).
 
         previous [B, L, H]: the target's features shifted by one (f_{j-1} at j, zero at 0); embedded [B, L, H].
@@ -87,9 +88,15 @@ class EagleNetwork(nn.Module):
         j - d + 1, and to the depth-e key at position j - (d - e) for e = 2 .. d (`unrolled_mask`). So its logits
         at j are those of the d-th draft token when the tokens before it were the sequence's own (HASS, Zhang et
         al. 2024).
+
+        wanted [B, L] bool: the positions whose g the caller reads (at every depth). Only they, and the positions
+        deeper tokens read, go through the layer's output projection and MLP (most of its work); g is zero at
+        the others. Every position's keys are still computed.
         """
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
             raise ValueError(f"depth must be a positive integer, got {depth!r}")
+        if wanted is not None and wanted.shape != embedded.shape[:2]:
+            raise ValueError(f"wanted must be [B, L] = {list(embedded.shape[:2])}, got {list(wanted.shape)}")
         layer, config = self.layer, self.config
         length = embedded.shape[1]
         cos, sin = rope_for(config, length, embedded.dtype)  # [L, 1, D]
@@ -108,7 +115,7 @@ class EagleNetwork(nn.Module):
                 mask = unrolled_mask(length, level, x.device)  # [L, level * L]
                 attended = F.scaled_dot_product_attention(q, torch.cat(keys, dim=2), torch.cat(values, dim=2),
                                                           attn_mask=mask, enable_gqa=gqa)
-            x = attention_then_mlp(layer, x, attended)
+            x = attention_then_mlp(layer, x, attended, None if wanted is None else read_at_depth(wanted, level, depth))
             outputs.append(x)
             previous = F.pad(x[:, :-1], (0, 0, 1, 0))  # g at j - 1 read at j; zero at position 0
         return outputs
@@ -134,6 +141,16 @@ class EagleNetwork(nn.Module):
         x = self._input(previous.to(self.dtype), embedded.to(self.dtype))
         cos, sin = self.rope_cos[start:end], self.rope_sin[start:end]
         return self.layer(x, cos, sin, positions, cache.k[0], cache.v[0], end, mask)
+
+
+def read_at_depth(wanted: torch.Tensor, level: int, depth: int) -> torch.Tensor:
+    """[B, L] bool: the positions whose depth-`level` g is read when g of every depth up to `depth` is wanted at
+    `wanted` [B, L]: j itself and, for the deeper tokens at j, j - 1 .. j - (depth - level) (each reads the g
+    one position before it, one depth up, and attends to those positions' keys)."""
+    read = wanted.clone()
+    for shift in range(1, depth - level + 1):
+        read[:, :-shift] |= wanted[:, shift:]
+    return read
 
 
 def unrolled_mask(length: int, depth: int, device=None) -> torch.Tensor:
