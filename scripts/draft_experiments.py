@@ -133,15 +133,16 @@ def run_variant(args: argparse.Namespace) -> None:
         return out
 
     def logits_fn(sequence_ids: list[int]):
-        """logits(indices, ids) -> [B, L, K] of the variant for data[indices]; sequence_ids maps them to DIR's."""
+        """evaluate's logits_fn(indices, ids, rows, positions) -> [n, K] of the variant for data[indices];
+        sequence_ids maps them to DIR's."""
         if args.experiment == "continue":
-            return lambda indices, ids: draft_logits(model, ids)
-        return lambda indices, ids: model(stacked([sequence_ids[i] for i in indices], ids, 1), ids)
+            return lambda indices, ids, rows, positions: draft_logits(model, ids)[rows, positions]
+        return lambda indices, ids, rows, positions: model(stacked([sequence_ids[i] for i in indices], ids, 1), ids)[rows, positions]
 
-    def second_position(indices: list[int], ids: torch.Tensor) -> torch.Tensor:
+    def second_position(indices: list[int], ids: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """EAGLE two draft tokens deep: its own predicted feature g_{j-1} in place of the target's f_{j-1}."""
         guessed = model.features(stacked([held[i] for i in indices], ids, 1), ids)  # g [B, L, H]
-        return model(F.pad(guessed, (0, 0, 1, 0))[:, :-1], ids)
+        return model(F.pad(guessed, (0, 0, 1, 0))[:, :-1], ids)[rows, positions]
 
     def report(label: str) -> None:
         print(label, json.dumps(evaluate(model, held_out, output_index, 2048, logits_fn(held))["all"]), flush=True)
@@ -169,7 +170,7 @@ def run_variant(args: argparse.Namespace) -> None:
                 logits = model.head(g)
                 extra = F.smooth_l1_loss(g, stacked(sequences, ids, 0)[rows, positions])
             else:
-                logits = train_logits(indices, ids)[rows, positions]
+                logits = train_logits(indices, ids, rows, positions)
             if args.loss == "kl+tv":
                 extra = extra + 5 * tv_loss(logits, idx, p)
             loss = distill_loss(logits, idx, p) + extra

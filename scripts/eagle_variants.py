@@ -38,6 +38,7 @@ import json
 import random
 import time
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -205,7 +206,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
                "feature_weight": args.feature_weight, "depth": args.depth, "epoch": epoch,
                "seconds": round(time.perf_counter() - started)}
         for depth in (1, 2):
-            scores = evaluate(model, held_data, output_index, 2048, lambda i, ids, d=depth: held_objective.logits(i, ids, d))
+            scores = evaluate(model, held_data, output_index, 2048, partial(held_objective.scored_logits, depth=depth))
             row[f"depth{depth}"] = {k: round(v, 4) for k, v in scores["all"].items() if k != "positions"}
             if depth == 1:
                 row["categories"] = {c: round(s["alpha_greedy"], 4) for c, s in scores.items() if c != "all"}

@@ -60,7 +60,7 @@ def score(directory: Path, data, features: list[torch.Tensor], embedding: torch.
     output_index = torch.full((embedding.shape[0],), -1, dtype=torch.long)
     output_index[output_ids] = torch.arange(output_ids.numel())
     objective = EagleObjective(network, embedding, features)
-    return evaluate(network, data, output_index, batch_tokens, partial(objective.logits, depth=depth))
+    return evaluate(network, data, output_index, batch_tokens, partial(objective.scored_logits, depth=depth))
 
 
 def answers_and_features(target_name: str, prompts_file: Path, out: Path, max_new_tokens: int, batch_size: int = 48):

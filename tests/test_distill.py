@@ -664,6 +664,10 @@ def test_depth_two_trains_the_second_draft_token_on_the_networks_own_output(eagl
 
     with torch.no_grad():
         assert second_token_loss(deep) < second_token_loss(shallow) - 0.05
+        for depth in (1, 2, 3):  # what evaluation reads: the logits at the scored positions, computed there only
+            plain = EagleObjective(deep, embedding, features)
+            torch.testing.assert_close(plain.scored_logits(indices, ids, rows, positions, depth),
+                                       plain.logits(indices, ids, depth)[rows, positions], rtol=1e-4, atol=1e-4)
         # the depth-2 loss: the mean of the first token's loss and the second's, each with its feature loss
         objective = EagleObjective(deep, embedding, features, depth=2)
         both = objective.loss(indices, ids, rows, positions, idx, p)

@@ -149,6 +149,11 @@ class EagleObjective:
         it is the d-th draft token's logits after d - 1 draft tokens that were the sequence's own."""
         return self.network.head(self._g(indices, ids, depth)[-1])
 
+    def scored_logits(self, indices: Sequence[int], ids: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor,
+                      depth: int = 1) -> torch.Tensor:
+        """[n, K]: `logits` at the n positions (rows, positions) only, computing no more than they read."""
+        return self.network.head(self._g(indices, ids, depth, _positions_mask(ids, rows, positions))[-1][rows, positions])
+
     def logits_by_depth(self, indices: Sequence[int], ids: torch.Tensor, depth: int) -> list[torch.Tensor]:
         """depth x [B, L, K]: `logits` at every depth 1 .. depth, from one unrolled pass."""
         return [self.network.head(g) for g in self._g(indices, ids, depth)]
@@ -158,10 +163,15 @@ class EagleObjective:
         """Mean over the trained depths of the head's distillation loss (plus tv_weight x its total variation)
         plus feature_weight x smooth-L1 of g_j against f_j (at the scored positions)."""
         f = self._shifted(indices, ids, 0)[rows, positions]  # [n, H]
-        wanted = torch.zeros(ids.shape, dtype=torch.bool)  # [B, L]: the layer's MLP runs where the loss reads g
-        wanted[rows, positions] = True
         total = torch.zeros(())
-        for g_all in self._g(indices, ids, self.depth, wanted):
+        for g_all in self._g(indices, ids, self.depth, _positions_mask(ids, rows, positions)):
             g = g_all[rows, positions]  # [n, H]
             total = total + head_loss(self.network.head(g), idx, p, self.tv_weight) + self.feature_weight * F.smooth_l1_loss(g, f)
         return total / self.depth
+
+
+def _positions_mask(ids: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """[B, L] bool, True at (rows, positions): where g is read, so the network's MLP runs there only."""
+    wanted = torch.zeros(ids.shape, dtype=torch.bool)
+    wanted[rows, positions] = True
+    return wanted

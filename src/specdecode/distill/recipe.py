@@ -219,7 +219,7 @@ def _start_eagle(loaded, out: Path, data: TeacherData, train_indices: list[int],
                               feature_weight=config.feature_weight, tv_weight=config.tv_weight)
 
     def logits_on(indices: Sequence[int], depth: int = 1):
-        return partial(EagleObjective(network, embedding, [features[i] for i in indices]).logits, depth=depth)
+        return partial(EagleObjective(network, embedding, [features[i] for i in indices]).scored_logits, depth=depth)
 
     return network, output_ids, training, logits_on
 

@@ -153,22 +153,23 @@ def head_loss(logits: torch.Tensor, idx: torch.Tensor, p: torch.Tensor, tv_weigh
 @torch.no_grad()
 def evaluate(
     model: torch.nn.Module, data: TeacherData, output_index: torch.Tensor, batch_tokens: int,
-    logits_fn: Callable[[list[int], torch.Tensor], torch.Tensor] | None = None,
+    logits_fn: Callable[[list[int], torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> dict:
     """Teacher-forced acceptance estimates on data, overall and per category.
 
     alpha_greedy: share of positions where the draft's argmax is the target's;
     alpha_t1: mean of sum_x min(p, q) over the target's top-k tokens (a lower bound of alpha at temperature 1);
     coverage: target probability mass (within its top-k) that the draft's head can propose.
-    logits_fn(indices, ids [B, L]) -> [B, L, K] stands in for draft_logits(model, ids), for a draft that
-    reads more than the token ids of the sequences data[indices].
+    logits_fn(indices, ids [B, L], rows [n], positions [n]) -> [n, K], the logits at the scored positions,
+    stands in for draft_logits(model, ids)[rows, positions], for a draft that reads more than the token ids
+    of the sequences data[indices].
     """
     model.eval()
     sums: dict[str, list[float]] = {}
     for indices in make_batches([len(t) for t in data.ids], batch_tokens, random.Random(0)):
         ids, rows, positions, _, _ = _batch(data, indices, output_index)
-        logits = logits_fn(indices, ids) if logits_fn else draft_logits(model, ids)
-        q = torch.softmax(logits[rows, positions].float(), dim=-1)  # [n, K]
+        logits = logits_fn(indices, ids, rows, positions) if logits_fn else draft_logits(model, ids)[rows, positions]
+        q = torch.softmax(logits.float(), dim=-1)  # [n, K]
         start = 0
         for i in indices:
             n = len(data.topk_ids[i])
