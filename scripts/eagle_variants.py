@@ -131,7 +131,7 @@ class FusedObjective(EagleObjective):
         super().__init__(network, embedding, features, feature_weight=feature_weight, depth=depth, tv_weight=tv_weight)
         self.fusion, self.hidden, self.extra = fusion, hidden, list(extra)
 
-    def _g(self, indices, ids, depth, wanted=None):  # computes every position (wanted is a saving this skips)
+    def _g(self, indices, ids, depth, wanted=None):  # every position: an extra layer reads all outputs of the one before
         previous = self._shifted(indices, ids, 1)  # [B, L, H]
         if self.fusion is not None:
             h = torch.zeros(*ids.shape, self.hidden[indices[0]].shape[-1])
