@@ -10,7 +10,7 @@ from scipy.stats import chisquare
 from tiny_hf import tiny_llama, tiny_qwen2
 
 from specdecode.native.batch_generate import generate_batch
-from specdecode.native.batched import decoder_stack
+from specdecode.native.batched import attention_inputs, decoder_stack
 from specdecode.native.fast import pack_linears, packing_available
 from specdecode.native.loading import native_from_hf_model
 
@@ -29,9 +29,11 @@ def _greedy_alone(model, prompt: list[int], max_new_tokens: int, eos: set[int]) 
     return tokens
 
 
+@pytest.mark.parametrize("shared", [0, 6])
 @pytest.mark.parametrize("packing", ["none", "packed"])
 @pytest.mark.parametrize("make", [tiny_llama, tiny_qwen2])
-def test_greedy_rows_decode_as_each_prompt_alone_with_its_distributions_and_features(make, packing):
+def test_greedy_rows_decode_as_each_prompt_alone_with_its_distributions_and_features(make, packing, shared):
+    """Ragged prompts, which may start with the same `shared` tokens (one of them has a single token of its own)."""
     if packing == "packed" and not packing_available(torch.float32):
         pytest.skip("oneDNN packing is not available here")
     model = native_from_hf_model(make(seed=3, suppress_eos=False), torch.float32)
@@ -39,7 +41,8 @@ def test_greedy_rows_decode_as_each_prompt_alone_with_its_distributions_and_feat
     if packing == "packed":
         pack_linears(model, "packed")
     g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(3, model.config.vocab_size, (n,), generator=g).tolist() for n in (5, 1, 12, 3, 8)]
+    prefix = torch.randint(3, model.config.vocab_size, (shared,), generator=g).tolist()
+    prompts = [prefix + torch.randint(3, model.config.vocab_size, (n,), generator=g).tolist() for n in (5, 1, 12, 3, 8)]
     first = generate_batch(model, prompts, 10, eos=set(), top_k=4)
     eos = {first.tokens[0][3], first.tokens[2][5]}  # ends rows 0 and 2 early, and any other row that makes one
     made = generate_batch(model, prompts, 10, eos=eos, top_k=4, features=True)
@@ -54,6 +57,27 @@ def test_greedy_rows_decode_as_each_prompt_alone_with_its_distributions_and_feat
         torch.testing.assert_close(logp[:, 0], at.max(dim=-1).values, atol=1e-4, rtol=1e-4)  # the top-k are the largest
         assert features.dtype == torch.float16 and features.shape == (len(prompt) + len(tokens) - 1, h.shape[1])
         torch.testing.assert_close(features.float(), h[:-1], atol=2e-3, rtol=2e-3)
+
+
+def test_the_tokens_every_prompt_starts_with_run_once(monkeypatch):
+    """A shared prefix runs through each layer as one row; the rest of the prompts after it. A prompt that is
+    all prefix but its last token keeps that token in the batch's pass."""
+    import specdecode.native.batch_generate as batch_generate
+
+    model = native_from_hf_model(tiny_llama(seed=3), torch.float32)
+    shapes = []  # [rows, positions] of each layer's input
+
+    def recorded(layer, config, x, *rope):
+        shapes.append(tuple(x.shape[:2]))
+        return attention_inputs(layer, config, x, *rope)
+
+    monkeypatch.setattr(batch_generate, "attention_inputs", recorded)
+    generate_batch(model, [[7, 8, 9, 10, 11], [7, 8, 9, 12], [7, 8, 9]], 2, eos=set(), top_k=2)
+    layers = len(model.layers)
+    assert shapes[: 2 * layers] == [(1, 2), (3, 3)] * layers  # [7, 8] once; then width 5 - 2 for the three rows
+    shapes.clear()
+    generate_batch(model, [[7, 8, 9], [5, 8, 9]], 2, eos=set(), top_k=2)
+    assert shapes[:layers] == [(2, 3)] * layers  # nothing shared: one pass over all
 
 
 def test_sampled_rows_follow_the_models_distribution_over_two_tokens():

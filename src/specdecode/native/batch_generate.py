@@ -4,7 +4,8 @@ Prompts are right padded to [B, W]. Every row keeps its own positions: its promp
 of a static KV cache [B, KV, W + new, D] per layer, its n-th new token goes to slot len_i + n - 1 with RoPE
 at that position, and it attends to its own filled slots only (a mask per row), so padding never changes
 a row's arithmetic beyond float rounding. The prompt pass is teacher forced as in training
-(`native.batched`), keeping each layer's keys and values. Once a quarter of the rows in the batch have
+(`native.batched`), keeping each layer's keys and values; the tokens every prompt starts with (a chat
+template's system prompt) run once for the whole batch. Once a quarter of the rows in the batch have
 finished, they leave it (the caches are copied without their rows), so finished rows cost little.
 """
 
@@ -33,6 +34,43 @@ class Generated:
     topk_ids: list[torch.Tensor]  # [n_i, k] int64
     topk_logp: list[torch.Tensor]  # [n_i, k] float32
     features: list[torch.Tensor] | None  # [len_i + n_i - 1, H] float16
+
+
+def _shared_prefix(prompts: Sequence[Sequence[int]]) -> int:
+    """How many first tokens every prompt shares (a chat template's system prompt), leaving each one of its own."""
+    if len(prompts) < 2:
+        return 0
+    limit = min(len(p) for p in prompts) - 1
+    first = prompts[0]
+    shared = 0
+    while shared < limit and all(p[shared] == first[shared] for p in prompts):
+        shared += 1
+    return shared
+
+
+def _prompt_pass(model: NativeTransformer, ids: torch.Tensor, shared: int, k_cache: list[torch.Tensor],
+                 v_cache: list[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The final-norm outputs [B, W, H] of the right-padded prompts ids [B, W], teacher forced, each layer's keys
+    and values written to cache slots 0 .. W - 1. The first `shared` positions, the same in every row, run once:
+    their keys, values and outputs are copied to every row, and the rest attends to them."""
+    config, (batch, width) = model.config, ids.shape
+    gqa = config.num_heads != config.num_kv_heads
+    prefix = model.embed(ids[:1, :shared])  # [1, P, H]
+    x = model.embed(ids[:, shared:])  # [B, W - P, H]
+    mask = torch.ones(width - shared, width, dtype=torch.bool).tril(diagonal=shared) if shared else None  # [W - P, W]
+    for layer, k_layer, v_layer in zip(model.layers, k_cache, v_cache):
+        if shared:
+            q, k, v = attention_inputs(layer, config, prefix, cos[:shared], sin[:shared])  # [1, heads, P, D]
+            k_layer[:, :, :shared], v_layer[:, :, :shared] = k, v
+            prefix = attention_then_mlp(layer, prefix, F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                                                      enable_gqa=gqa))
+        q, k, v = attention_inputs(layer, config, x, cos[shared:width], sin[shared:width])
+        k_layer[:, :, shared:width], v_layer[:, :, shared:width] = k, v
+        if shared:  # attend to the prefix's keys and values too (causal: the mask)
+            k, v = k_layer[:, :, :width], v_layer[:, :, :width]
+        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=not shared, enable_gqa=gqa)
+        x = attention_then_mlp(layer, x, attended)
+    return model.norm(torch.cat([prefix.expand(batch, -1, -1), x], dim=1))
 
 
 @torch.inference_mode()
@@ -71,12 +109,7 @@ def generate_batch(
     v_cache = [torch.zeros(cache_shape, dtype=model.dtype) for _ in model.layers]
     gqa = config.num_heads != config.num_kv_heads
 
-    x = model.embed(ids)  # [B, W, H]: the prompts, teacher forced
-    for layer, k_layer, v_layer in zip(model.layers, k_cache, v_cache):
-        q, k, v = attention_inputs(layer, config, x, cos[:width], sin[:width])
-        k_layer[:, :, :width], v_layer[:, :, :width] = k, v
-        x = attention_then_mlp(layer, x, F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa))
-    x = model.norm(x)  # [B, W, H]
+    x = _prompt_pass(model, ids, _shared_prefix(prompts), k_cache, v_cache, cos, sin)  # [B, W, H]
     prompt_features = x.half() if features else None
     logits = model.lm_head(x[torch.arange(batch), lengths - 1])  # [B, V]: each prompt's last position
 
