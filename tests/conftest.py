@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,18 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))  # for `mock_models`
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@contextmanager
+def torch_threads(threads: int) -> Iterator[None]:
+    """torch's intra-op threads set to `threads` inside. A module-scoped fixture whose results a test compares bit
+    for bit with its own runs uses one thread as the tests do: MKL's float sums change with the thread count."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.fixture(autouse=True)
@@ -24,10 +37,8 @@ def one_torch_thread(request) -> Iterator[None]:
     if request.node.get_closest_marker("real_model"):
         yield
         return
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with torch_threads(1):
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
-from conftest import SHARED_DATA
+from conftest import SHARED_DATA, torch_threads
 from tiny_hf import WORDS, save_tiny_checkpoint, tiny_llama, tiny_tokenizer
 
 from specdecode.cli import main
@@ -72,7 +72,8 @@ def _data(prompts, **overrides):
 def distilled(tiny_target, tmp_path_factory):
     target, prompts = tiny_target
     out = tmp_path_factory.mktemp("work")
-    report = distill(str(target), out, _data(prompts), ARCH, TrainConfig(epochs=4, batch_tokens=256, checkpoint_every=3, lr=1e-2, warmup_steps=2), held_out=0.25)
+    with torch_threads(1):  # as the tests that resume it run
+        report = distill(str(target), out, _data(prompts), ARCH, TrainConfig(epochs=4, batch_tokens=256, checkpoint_every=3, lr=1e-2, warmup_steps=2), held_out=0.25)
     return out, report
 
 
@@ -580,7 +581,8 @@ EAGLE_TRAIN = TrainConfig(epochs=3, batch_tokens=256, checkpoint_every=4, lr=1e-
 def eagle_distilled(tiny_target, tmp_path_factory):
     target, prompts = tiny_target
     out = tmp_path_factory.mktemp("eagle")
-    return out, distill(str(target), out, _data(prompts), EAGLE, EAGLE_TRAIN, held_out=0.25)
+    with torch_threads(1):  # as the tests that resume it run
+        return out, distill(str(target), out, _data(prompts), EAGLE, EAGLE_TRAIN, held_out=0.25)
 
 
 def test_distilling_an_eagle_draft_learns_from_the_targets_features(eagle_distilled, tiny_target):
