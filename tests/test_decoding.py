@@ -43,6 +43,18 @@ def test_greedy_identity_with_every_gamma(gamma, draft_seed):
     assert speculative(target, draft_seed, gamma, max_new_tokens=40).token_ids == expected
 
 
+def test_greedy_identity_with_a_draft_of_a_wider_vocabulary():
+    """A draft model with tokens the target lacks (ids >= its vocabulary): they are rejected, never fed to it."""
+    target = TableModel(8, 0)
+    wide = TableModel(12, 1)
+    wide.table[:8, :8, :8] = target.table  # the target's own choices, except:
+    wide.table[:, ::2, 8:] = -float("inf")
+    wide.table[:, 1::2, 8] = 10.0  # after an odd token, a token the target lacks
+    result = generate(target, PROMPT, drafter=ModelDrafter(wide), gamma=3, max_new_tokens=40, sampling=GREEDY)
+    assert result.token_ids == plain(target, max_new_tokens=40).token_ids
+    assert 0 < result.stats.rejections and result.stats.accepted_tokens > 0
+
+
 def test_eos_inside_an_accepted_draft_stops_right_after_it():
     target = TableModel(16, 0)
     free = plain(target, max_new_tokens=30).token_ids

@@ -72,6 +72,13 @@ def _draft(vocab, seed=1, **kwargs):
     return ModelDrafter(TableModel(vocab, seed, **kwargs))
 
 
+def _wide_draft(vocab: int) -> ModelDrafter:
+    """A draft model whose vocabulary has 3 tokens more than the target's, which it often proposes (p = 0 there)."""
+    wide = TableModel(vocab + 3, 1)
+    wide.table[..., vocab:] += 1.0
+    return ModelDrafter(wide)
+
+
 def _reduced_table_draft(vocab: int, head: list[int]) -> ModelDrafter:
     """A draft whose head scores only `head` (q = 0 elsewhere), as a distilled draft with a reduced vocabulary."""
     narrow = TableModel(vocab, 1)
@@ -155,6 +162,7 @@ CASES = {
     "model draft ending early (min-confidence 0.4)": (
         dict(), lambda v: ModelDrafter(TableModel(v, 1), min_confidence=0.4), SamplingParams(1.0), 8, 3, 3
     ),
+    "draft with tokens the target lacks": (dict(), lambda v: _wide_draft(v), SamplingParams(1.0), 8, 3, 2),
     "one-hot draft": (dict(), lambda v: SuccessorDrafter(v), SamplingParams(0.9), 8, 3, 2),
     "prompt lookup": (dict(), lambda v: PromptLookupDrafter(max_ngram=2), SamplingParams(1.0), 4, 6, 4),
     "reduced-vocabulary draft": (dict(), lambda v: _reduced_table_draft(v, [1, 3, 4, 6]), SamplingParams(1.0), 8, 3, 2),

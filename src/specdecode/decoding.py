@@ -234,16 +234,27 @@ def _verify_step(
     target_clock: _Clock,
     stats: GenerationStats,
 ) -> list[int]:
-    """Run the target once over [last token, draft...], verify, roll back; return the new tokens."""
-    feed = torch.cat([torch.tensor(generated[-1:]), draft.tokens])
+    """Run the target once over [last token, draft...], verify, roll back; return the new tokens.
+
+    A draft token outside the target's vocabulary (a draft model with extra tokens) has p = 0, so it is
+    rejected for certain: the target reads the draft up to it, and verification stops there.
+    """
+    outside = (draft.tokens >= target.vocab_size).nonzero()
+    read = int(outside[0]) if len(outside) else len(draft)  # the draft tokens before the first outside the vocabulary
+    feed = torch.cat([torch.tensor(generated[-1:]), draft.tokens[:read]])
     cached = target.num_generated
     with target_clock:
-        logits = target.extend(feed)  # [g + 1, V]
+        logits = target.extend(feed)  # [read + 1, V]
     stats.target_calls += 1
+    checked = len(draft)  # the draft tokens verification can reach
+    if read < len(draft):  # draft token `read` has p = 0: it is rejected for certain, so verification stops there
+        checked = read + 1
+        logits = torch.cat([logits, logits[-1:]])  # the bonus row, never read
+    tokens, probs = draft.tokens[:checked], None if draft.probs is None else draft.probs[:checked]
     if sampling.greedy:
-        outcome = verify_greedy(draft.tokens, logits.argmax(dim=-1))
+        outcome = verify_greedy(tokens, logits.argmax(dim=-1))
     else:
-        outcome = verify(draft.tokens, draft.probs, probabilities(logits, sampling), generator)
+        outcome = verify(tokens, probs, probabilities(logits, sampling), generator)
     n = outcome.num_accepted
     target.rollback(cached + 1 + n)  # keep the last token and the accepted draft
 
