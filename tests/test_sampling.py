@@ -19,6 +19,14 @@ def test_temperature_scales_logits():
     assert torch.allclose(probabilities(LOGITS, SamplingParams(0.5)), torch.softmax(LOGITS / 0.5, -1))
 
 
+@pytest.mark.parametrize("temperature", [1e-40, 1e-30])
+def test_a_tiny_temperature_gives_the_argmax_not_nan(temperature):
+    """logits / 1e-40 overflow to inf (softmax: NaN) unless the logits are shifted by their maximum first."""
+    logits = torch.tensor([[31.0, 30.5, -2.0, float("-inf")], [-5.0, -4.0, -4.5, -6.0]])
+    probs = probabilities(logits, SamplingParams(temperature))
+    assert torch.equal(probs, torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0]]))
+
+
 def test_greedy_is_one_hot_at_argmax():
     p = probabilities(torch.stack([LOGITS, -LOGITS]), SamplingParams(0.0))
     assert p.tolist() == [[1, 0, 0, 0, 0], [0, 0, 0, 0, 1]]

@@ -8,6 +8,7 @@ the server with plain decoding, never with itself.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import socket
@@ -29,6 +30,9 @@ from specdecode.core.sampling import SamplingParams
 from specdecode.models.loading import LoadedModel, load_model
 from specdecode.pipeline import DEFAULT_MIN_CONFIDENCE, Pipeline, make_drafter
 from specdecode.server import Server, ServerConfig, create_app
+from specdecode.server.errors import APIError
+from specdecode.server.metrics import Metrics
+from specdecode.server.worker import Cancelled, Failed, Job, Worker
 
 MODEL = "tiny-llama"
 PROMPT = "the quick red dog runs to the river and sees a bird"
@@ -264,6 +268,15 @@ def test_seed_reproduces_samples_at_temperature_one(client):
     assert sample(None) != sample(None)  # no seed: a fresh random one each time
 
 
+def test_pipeline_without_a_seed_draws_fresh_samples(reference):
+    def sample(seed: int | None) -> list[int]:
+        ids = torch.tensor(text_ids())
+        return reference.generate(ids, max_new_tokens=24, sampling=SamplingParams(1.0), seed=seed).token_ids
+
+    assert sample(5) == sample(5)
+    assert sample(None) != sample(None)
+
+
 def test_stop_strings(client):
     full = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0).choices[0].text
     words = full.split()
@@ -371,6 +384,7 @@ BAD_COMPLETIONS = [
     ({"min_confidence": 1.5}, "min_confidence", "invalid_value"),
     ({"draft": "ngram", "min_confidence": 0.5}, "min_confidence", "unsupported_value"),  # prompt lookup has no q
     ({"stream_options": {"include_usage": 1}}, "stream_options.include_usage", "invalid_type"),
+    ({"prompt": []}, "prompt", "invalid_value"),
 ]
 
 
@@ -395,6 +409,25 @@ BAD_CHATS = [
 @pytest.mark.parametrize(("body", "param", "code"), BAD_CHATS)
 def test_invalid_chat_requests(served, body, param, code):
     _check_error(httpx.post(f"{served.url}/v1/chat/completions", json={"model": MODEL, **body}), 400, param, code)
+
+
+def test_a_tiny_temperature_samples_the_argmax(client, reference):
+    """1e-40 overflows logits / temperature unless the logits are shifted first: the sample is the greedy one."""
+    response = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=1e-40, seed=3)
+    assert response.choices[0].text == greedy(reference, text_ids(), 6)
+
+
+def test_default_max_tokens_stays_within_a_lower_limit(reference):
+    """`serve --max-tokens 8`: a completion without max_tokens gets 8 tokens, not a 400 for the default 16."""
+    with running(reference, ServerConfig(model_id=MODEL, max_tokens=8)) as server:
+        response = server.client().completions.create(model=MODEL, prompt=PROMPT, temperature=0)
+    assert response.usage.completion_tokens == 8
+    assert response.choices[0].text == greedy(reference, text_ids(), 8)
+
+
+def test_server_config_refuses_a_nan_grace_period():
+    with pytest.raises(ValueError, match="shutdown_grace"):
+        ServerConfig(shutdown_grace=float("nan"))
 
 
 def test_malformed_json_and_non_object_bodies(served):
@@ -517,6 +550,41 @@ def test_client_disconnect_cancels_generation(slow_pipeline, reference):
         assert time.monotonic() - start < 2  # the model thread was free
 
 
+@pytest.mark.parametrize("route, body", [
+    ("/v1/completions", {"prompt": PROMPT}), ("/v1/chat/completions", {"messages": MESSAGES}),
+])
+def test_a_stream_whose_client_leaves_before_its_first_chunk_cancels_its_generation(slow_pipeline, route, body):
+    """ASGI level: the client is gone while the response starts, so the event stream never begins; the job must
+    still be cancelled (else the model thread generates 400 tokens for no one)."""
+    request = json.dumps({"model": MODEL, **body, "max_tokens": 400, "temperature": 0, "stream": True}).encode()
+
+    async def scenario() -> float:
+        app = create_app(slow_pipeline, ServerConfig(model_id=MODEL))
+        async with app.router.lifespan_context(app):
+            messages = [{"type": "http.request", "body": request, "more_body": False}]
+
+            async def receive() -> dict:
+                return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+            async def send(message: dict) -> None:
+                if message["type"] == "http.response.start":
+                    await asyncio.sleep(0.5)  # the disconnect arrives first
+
+            scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+                     "method": "POST", "path": route, "raw_path": route.encode(), "query_string": b"", "root_path": "",
+                     "headers": [(b"content-type", b"application/json")], "scheme": "http",
+                     "server": ("127.0.0.1", 80), "client": ("127.0.0.1", 1)}
+            await app(scope, receive, send)
+            start = time.monotonic()
+            while app.state.worker.running or app.state.worker.waiting:
+                await asyncio.sleep(0.01)
+                if time.monotonic() - start > 5:
+                    break
+            return time.monotonic() - start
+
+    assert asyncio.run(scenario()) < 2  # 400 tokens at 0.02 s a step would take 8 s
+
+
 def test_shutdown_refuses_new_and_waiting_requests_and_finishes_the_running_one(slow_pipeline, reference):
     with running(slow_pipeline, ServerConfig(model_id=MODEL)) as server:
         outcomes: dict[str, object] = {}
@@ -550,6 +618,55 @@ def test_shutdown_refuses_new_and_waiting_requests_and_finishes_the_running_one(
         server.worker.resume()
         running_one.join(10)
         assert outcomes["running"].choices[0].text == greedy(reference, text_ids(), 3)
+
+
+def test_a_request_cancelled_while_waiting_frees_its_queue_slot():
+    """max_queue=1: A runs, B waits and its client leaves; C is queued, not refused, and B never runs."""
+    release, ran = threading.Event(), []
+
+    def run(job: Job) -> None:
+        ran.append(job.request)
+        release.wait(5)
+        job.emit(Cancelled())
+
+    async def scenario() -> None:
+        worker = Worker(run, max_queue=1)
+        await worker.start()
+        worker.submit("A")
+        await asyncio.sleep(0.05)
+        b = worker.submit("B")
+        with pytest.raises(APIError):  # the queue is full while B waits
+            worker.submit("X")
+        b.cancel()
+        assert (worker.waiting, worker.running) == (0, 1)
+        c = worker.submit("C")
+        release.set()
+        await c.wait()
+        await worker.close()
+
+    asyncio.run(scenario())
+    assert ran == ["A", "C"]
+
+
+def test_requests_refused_at_shutdown_count_as_cancelled_not_as_errors():
+    release = threading.Event()
+    metrics = Metrics()
+    request = type("Request", (), {"draft": "none"})
+
+    async def scenario() -> None:
+        worker = Worker(lambda job: release.wait(5), max_queue=4, on_done=metrics.observe_job)
+        await worker.start()
+        worker.submit(request())
+        await asyncio.sleep(0.05)
+        waiting = worker.submit(request())
+        worker.begin_shutdown()
+        assert isinstance(waiting.outcome, Failed) and waiting.outcome.error.status == 503
+        release.set()
+        await worker.close(grace=5)
+
+    asyncio.run(scenario())
+    counts = {s["labels"]["finish_reason"]: s["value"] for s in metrics.snapshot()["specdecode_generations"]["samples"]}
+    assert counts == {"cancelled": 2.0}  # the waiting job refused, the running one ended without an outcome
 
 
 def test_shutdown_cancels_a_long_generation_after_the_grace_period(slow_pipeline):

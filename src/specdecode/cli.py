@@ -15,6 +15,7 @@ from specdecode.distill import cli as distill_cli
 from specdecode.decoding import GenerationResult, GenerationStats
 from specdecode.models.loading import DEFAULT_TARGET
 from specdecode.drafters.base import check_min_confidence
+from specdecode.questions import first_turn
 from specdecode.pipeline import AUTO_GAMMA, DEFAULT_DRAFT, DEFAULT_GAMMA, DEFAULT_MIN_CONFIDENCE, Pipeline, incremental_text
 
 __all__ = ["main", "build_parser"]
@@ -47,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     serve.add_argument("--model-name", help="the served model's id in the API (default: --target)")
     serve.add_argument("--max-prompt-tokens", type=int, default=2048, help="longest prompt in tokens (default 2048)")
-    serve.add_argument("--max-tokens", type=int, default=400, help="largest max_tokens a request may ask for (default 400)")
+    serve.add_argument("--max-tokens", type=int, default=400, help="largest max_tokens a request may ask for (default 400); "
+                       "a completion without max_tokens gets 16, or this if lower")
     serve.add_argument("--max-queue", type=int, default=64, help="requests that may wait while one runs; more get 429 (default 64)")
     serve.add_argument("--shutdown-grace", type=float, default=30.0, help="seconds a running generation may finish at shutdown (default 30)")
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
@@ -130,8 +132,8 @@ def _prompts(args) -> list[tuple[dict, str]]:
             continue
         try:
             record = json.loads(line)
-            turn = record["turns"][0]
-        except (json.JSONDecodeError, KeyError, IndexError, TypeError) as error:
+            turn = first_turn(record)
+        except ValueError as error:  # json's errors too
             raise ValueError(f"prompt-file: line {number} is not a Spec-Bench question with 'turns' ({error})") from error
         prompts.append(({k: record[k] for k in ("question_id", "category") if k in record}, turn))
     if args.limit is not None:

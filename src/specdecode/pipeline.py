@@ -238,9 +238,11 @@ class Pipeline:
         seed: int | None = 0,
         speculative: bool = True,
     ) -> TokenStream:
-        """Decode prompt_ids; speculative=False runs the target alone (the baseline)."""
+        """Decode prompt_ids; speculative=False runs the target alone (the baseline). seed None: a fresh random seed."""
         generator = torch.Generator()
-        if seed is not None:
+        if seed is None:
+            generator.seed()  # a non-deterministic seed (a new generator always starts from the same one)
+        else:
             generator.manual_seed(seed)
         return stream(
             self.target.model,

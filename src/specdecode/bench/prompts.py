@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specdecode.distill.sources import package_file
+from specdecode.questions import first_turn
 
 __all__ = ["BenchPrompt", "BUILTIN_TASKS", "load_prompts", "select", "spread_subset", "read_spec_bench"]
 
@@ -50,11 +51,9 @@ def read_spec_bench(path: Path) -> list[BenchPrompt]:
     for number, line in _jsonl(path):
         try:
             record = json.loads(line)
-            turn = record["turns"][0]
-        except (json.JSONDecodeError, KeyError, IndexError, TypeError) as error:
+            turn = first_turn(record)
+        except ValueError as error:  # json's errors too
             raise ValueError(f"prompts: line {number} of {path} is not a Spec-Bench question with 'turns' ({error})") from error
-        if not isinstance(turn, str) or not turn.strip():
-            raise ValueError(f"prompts: line {number} of {path} has an empty first turn")
         prompts.append(BenchPrompt(record.get("question_id", number), str(record.get("category", "uncategorized")), turn))
     if not prompts:
         raise ValueError(f"prompts: {path} holds no questions")

@@ -53,7 +53,7 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     if params.greedy:
         one_hot = torch.zeros_like(logits)
         return one_hot.scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
-    logits = logits / params.temperature
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / params.temperature  # <= 0: no overflow at a tiny temperature
     vocab = logits.shape[-1]
     if params.top_k and params.top_k < vocab:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]

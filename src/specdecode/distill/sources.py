@@ -24,6 +24,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from specdecode.questions import first_turn
+
 __all__ = [
     "TrainingPrompt", "package_file", "builtin_prompts", "builtin_texts", "read_prompt_file", "read_text_file", "CATEGORIES",
     "CATEGORY_SOURCES", "read_german_sentences", "german_prompts",
@@ -252,7 +254,13 @@ def read_prompt_file(path: Path) -> list[TrainingPrompt]:
     path = _training_file(path, "prompt")
     prompts = []
     for number, row in enumerate(_jsonl(path), 1):
-        text = row["turns"][0] if "turns" in row else row.get("prompt")
+        if isinstance(row, dict) and "turns" in row:
+            try:
+                text = first_turn(row)
+            except ValueError as error:
+                raise ValueError(f"{path}:{number}: {error}") from error
+        else:
+            text = row.get("prompt") if isinstance(row, dict) else None
         if not isinstance(text, str) or not text.strip():
             raise ValueError(f"{path}:{number}: each line needs a non-empty \"prompt\" or \"turns\"")
         prompts.append(TrainingPrompt(str(row.get("category", "custom")), text))

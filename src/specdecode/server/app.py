@@ -55,7 +55,7 @@ class ServerConfig:
     model_id: str | None = None  # the served model's name; default: the target's source
     max_prompt_tokens: int = 2048  # longer prompts: 400 context_length_exceeded (also capped by the context window)
     max_tokens: int = 400  # largest max_tokens a request may ask for
-    default_max_tokens: int = 16  # /v1/completions without max_tokens (as OpenAI); chat defaults to max_tokens
+    default_max_tokens: int = 16  # /v1/completions without max_tokens (as OpenAI; at most max_tokens); chat: max_tokens
     max_queue: int = 64  # requests that may wait while one runs; beyond: 429
     shutdown_grace: float = 30.0  # seconds the running generation may go on at shutdown
     draft_aliases: tuple[str, ...] = ()  # extra names for the configured draft (e.g. the path it was loaded from)
@@ -66,8 +66,13 @@ class ServerConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
-        if self.shutdown_grace < 0:
-            raise ValueError(f"shutdown_grace must be >= 0, got {self.shutdown_grace}")
+        if not self.shutdown_grace >= 0:  # also NaN
+            raise ValueError(f"shutdown_grace must be a number >= 0, got {self.shutdown_grace}")
+
+    @property
+    def completion_max_tokens(self) -> int:
+        """max_tokens of a /v1/completions request that leaves it out: default_max_tokens, within max_tokens."""
+        return min(self.default_max_tokens, self.max_tokens)
 
 
 def create_app(pipeline: Pipeline, config: ServerConfig = ServerConfig()) -> FastAPI:
@@ -93,12 +98,12 @@ def create_app(pipeline: Pipeline, config: ServerConfig = ServerConfig()) -> Fas
     @app.post("/v1/completions", response_model=CompletionResponse, responses=_ERRORS)
     async def completions(body: CompletionRequest, request: Request):
         prompt_ids = engine.encode_prompt(body.prompt)
-        generation = _generation_request(body, prompt_ids, body.max_tokens or config.default_max_tokens, "prompt", engine, config)
+        generation = _generation_request(body, prompt_ids, body.max_tokens or config.completion_max_tokens, "prompt", engine, config)
         job = worker.submit(generation)
         meta = _Meta("cmpl-" + uuid.uuid4().hex, int(time.time()), engine.model_id)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return _sse(_completion_events(job, meta, include_usage))
+            return _sse(_completion_events(job, meta, include_usage), job)
         done = await _wait_or_disconnect(job, request)
         return CompletionResponse(
             id=meta.id, created=meta.created, model=meta.model,
@@ -120,7 +125,7 @@ def create_app(pipeline: Pipeline, config: ServerConfig = ServerConfig()) -> Fas
         meta = _Meta("chatcmpl-" + uuid.uuid4().hex, int(time.time()), engine.model_id)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return _sse(_chat_events(job, meta, include_usage))
+            return _sse(_chat_events(job, meta, include_usage), job)
         done = await _wait_or_disconnect(job, request)
         return ChatCompletionResponse(
             id=meta.id, created=meta.created, model=meta.model,
@@ -252,8 +257,23 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-def _sse(events: AsyncIterator[str]) -> StreamingResponse:
-    return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+def _sse(events: AsyncIterator[str], job: Job) -> StreamingResponse:
+    return _EventStream(events, job)
+
+
+class _EventStream(StreamingResponse):
+    """Server-sent events of a job, which is cancelled however the response ends: the client leaving mid-stream,
+    or before the first chunk, when the events' generator never starts (so no `finally` of its own would run)."""
+
+    def __init__(self, events: AsyncIterator[str], job: Job) -> None:
+        super().__init__(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.job = job
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.job.cancel()  # a no-op once the job has ended
 
 
 def _data(payload: BaseModel | dict | str) -> str:
@@ -268,36 +288,30 @@ async def _completion_events(job: Job, meta: _Meta, include_usage: bool) -> Asyn
     def chunk(choices: list[CompletionChoice], usage: Usage | None = None) -> str:
         return _data(CompletionChunk(id=meta.id, created=meta.created, model=meta.model, choices=choices, usage=usage))
 
-    try:
-        async for event in job.events():
-            if isinstance(event, Delta) and event.text:
-                yield chunk([CompletionChoice(text=event.text)])
-            elif isinstance(event, Finished):
-                yield chunk([CompletionChoice(text="", finish_reason=finish_reason(event.result.finish_reason))])
-                if include_usage:
-                    yield chunk([], _usage(job.request, event))  # type: ignore[arg-type]
-                yield "data: [DONE]\n\n"
-            elif isinstance(event, Failed):
-                yield _data(event.error.body())
-    finally:
-        job.cancel()  # the client went away (or the stream ended: then a no-op)
+    async for event in job.events():  # the response cancels the job when the client goes (`_EventStream`)
+        if isinstance(event, Delta) and event.text:
+            yield chunk([CompletionChoice(text=event.text)])
+        elif isinstance(event, Finished):
+            yield chunk([CompletionChoice(text="", finish_reason=finish_reason(event.result.finish_reason))])
+            if include_usage:
+                yield chunk([], _usage(job.request, event))  # type: ignore[arg-type]
+            yield "data: [DONE]\n\n"
+        elif isinstance(event, Failed):
+            yield _data(event.error.body())
 
 
 async def _chat_events(job: Job, meta: _Meta, include_usage: bool) -> AsyncIterator[str]:
     def chunk(choices: list[ChatChunkChoice], usage: Usage | None = None) -> str:
         return _data(ChatCompletionChunk(id=meta.id, created=meta.created, model=meta.model, choices=choices, usage=usage))
 
-    try:
-        yield chunk([ChatChunkChoice(delta=ChatDelta(role="assistant", content=""))])
-        async for event in job.events():
-            if isinstance(event, Delta) and event.text:
-                yield chunk([ChatChunkChoice(delta=ChatDelta(content=event.text))])
-            elif isinstance(event, Finished):
-                yield chunk([ChatChunkChoice(delta=ChatDelta(), finish_reason=finish_reason(event.result.finish_reason))])
-                if include_usage:
-                    yield chunk([], _usage(job.request, event))  # type: ignore[arg-type]
-                yield "data: [DONE]\n\n"
-            elif isinstance(event, Failed):
-                yield _data(event.error.body())
-    finally:
-        job.cancel()
+    yield chunk([ChatChunkChoice(delta=ChatDelta(role="assistant", content=""))])
+    async for event in job.events():  # the response cancels the job when the client goes (`_EventStream`)
+        if isinstance(event, Delta) and event.text:
+            yield chunk([ChatChunkChoice(delta=ChatDelta(content=event.text))])
+        elif isinstance(event, Finished):
+            yield chunk([ChatChunkChoice(delta=ChatDelta(), finish_reason=finish_reason(event.result.finish_reason))])
+            if include_usage:
+                yield chunk([], _usage(job.request, event))  # type: ignore[arg-type]
+            yield "data: [DONE]\n\n"
+        elif isinstance(event, Failed):
+            yield _data(event.error.body())

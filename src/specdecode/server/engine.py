@@ -92,7 +92,9 @@ class Engine:
     # -- prompts (event loop thread; tokenizers are thread-safe for encoding)
     def encode_prompt(self, prompt: str | Sequence[str] | Sequence[int]) -> list[int]:
         """Token ids of a completion prompt: text without chat template, or token ids as given."""
-        if isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):
+        if isinstance(prompt, list) and not prompt:
+            raise APIError(400, "prompt: the prompt must not be empty", param="prompt", code="invalid_value")
+        if isinstance(prompt, list) and all(isinstance(p, int) for p in prompt):
             bad = [t for t in prompt if not 0 <= t < self.vocab_size]
             if bad:
                 raise APIError(400, f"prompt: token ids must lie in [0, {self.vocab_size}), got {bad[0]}",

@@ -68,7 +68,9 @@ class Metrics:
         if isinstance(outcome, Finished):
             reason = outcome.result.finish_reason
         else:
-            reason = "error" if isinstance(outcome, Failed) and outcome.error.status >= 500 else "cancelled"
+            # a server fault is an error; a client that left, or the server shutting down, cancels
+            failed = isinstance(outcome, Failed) and outcome.error.status >= 500 and outcome.error.code != "shutting_down"
+            reason = "error" if failed else "cancelled"
         self.generations.labels(draft, reason).inc()
         if job.started is None or (isinstance(outcome, Cancelled | Failed) and job.first_token is None):
             return  # never ran

@@ -122,7 +122,7 @@ class Worker:
     """Runs `run(job)` for each submitted job on one thread, in order; bounds how many jobs wait.
 
     Capacity: `max_queue` jobs waiting plus the one running; beyond it `submit` raises a 429.
-    Loop-side state (`waiting`, `running`) is only touched from the event loop.
+    Loop-side state (the waiting jobs, `running`) is only touched from the event loop.
     """
 
     def __init__(
@@ -133,7 +133,7 @@ class Worker:
         self._run = run
         self._on_done = on_done
         self.max_queue = max_queue
-        self.waiting = 0
+        self._pending: set[Job] = set()  # submitted, not yet taken by the dispatcher
         self.running = 0
         self.accepting = False
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -144,6 +144,12 @@ class Worker:
         self._idle: asyncio.Event | None = None
         self._go = threading.Event()
         self._go.set()
+
+    @property
+    def waiting(self) -> int:
+        """Jobs waiting to run; one cancelled while it waits (its client left) no longer counts, and the
+        dispatcher skips it."""
+        return sum(not job.cancelled for job in self._pending)
 
     # -- lifecycle (event loop)
     async def start(self) -> None:
@@ -162,7 +168,7 @@ class Worker:
         while self._queue is not None and not self._queue.empty():
             job = self._queue.get_nowait()
             if job is not None:
-                self.waiting -= 1
+                self._pending.discard(job)
                 job.cancel(error)
                 self._finish(job)
         if self._queue is not None:
@@ -203,7 +209,7 @@ class Worker:
                 code="queue_full",
             )
         job = Job(request, asyncio.get_running_loop())
-        self.waiting += 1
+        self._pending.add(job)
         self._queue.put_nowait(job)
         return job
 
@@ -224,7 +230,7 @@ class Worker:
                 if not self.accepting:
                     return
                 continue
-            self.waiting -= 1
+            self._pending.discard(job)
             if job.cancelled:  # the client left while waiting
                 self._finish(job)
                 continue
