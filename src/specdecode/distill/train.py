@@ -5,7 +5,7 @@ restricted to the draft's output vocabulary and renormalised, optionally plus a 
 variation 1 - sum min(p, q), which is what alpha at temperature 1 measures. Sequences are batched by length,
 the batch order of each epoch comes from (seed, epoch), and a checkpoint (model, optimiser,
 step) is written every `checkpoint_every` steps, so an interrupted run resumes where it stopped
-and ends with the same weights.
+and ends with the same weights (on the same machine and thread count: CPU float sums depend on the threads).
 """
 
 from __future__ import annotations

@@ -70,7 +70,9 @@ def _prompt_pass(model: NativeTransformer, ids: torch.Tensor, shared: int, k_cac
             k, v = k_layer[:, :, :width], v_layer[:, :, :width]
         attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=not shared, enable_gqa=gqa)
         x = attention_then_mlp(layer, x, attended)
-    return model.norm(torch.cat([prefix.expand(batch, -1, -1), x], dim=1))
+    if shared:
+        x = torch.cat([prefix.expand(batch, -1, -1), x], dim=1)
+    return model.norm(x)
 
 
 @torch.inference_mode()
