@@ -456,7 +456,7 @@ def test_distilling_a_draft_cut_from_the_target_keeps_its_embedding_and_stores_i
     assert config["native_config"]["num_layers"] == 1
     assert "Cut from the target: its decoder layers 1" in (tmp_path / "draft" / "README.md").read_text()
     assert load_distilled(tmp_path / "draft").model.prefill(torch.tensor([5, 6, 7])).shape == (64,)
-    with pytest.raises(ValueError, match="does not match target_layers"):  # its init.pt holds a cut draft
+    with pytest.raises(ValueError, match=r"other draft settings \(target_layers\)"):  # its init.pt holds a cut draft
         distill(str(target), tmp_path, _data(prompts), DraftArchitecture(output_vocab=40), train, held_out=0.25)
 
 
@@ -878,3 +878,82 @@ def test_a_draft_to_train_further_must_be_an_eagle_draft_of_the_targets_shape(di
         with pytest.raises(SystemExit) as exit_info:
             main(["distill", "--out", str(tmp_path / "d"), *argv])
         assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- refused settings and inputs
+
+
+@pytest.mark.parametrize("held_out", [0.01, 0.99])
+def test_a_held_out_share_leaving_one_side_empty_is_refused_before_training(distilled, tiny_target, tmp_path, held_out):
+    """24 sequences in two categories: 1% holds out none, 99% leaves none to train on."""
+    target, prompts = tiny_target
+    out = tmp_path / "work"
+    shutil.copytree(distilled[0], out, ignore=shutil.ignore_patterns("init.pt", "checkpoint*", "draft", "report.json"))
+    with pytest.raises(ValueError, match="held_out"):
+        distill(str(target), out, _data(prompts), ARCH, TrainConfig(epochs=1, batch_tokens=256), held_out=held_out)
+    assert not (out / "init.pt").exists()
+
+
+@pytest.mark.parametrize("kind", ["transformer", "eagle"])
+def test_resuming_with_other_draft_settings_is_refused(request, tiny_target, tmp_path, kind):
+    """init.pt records the architecture: another head size (or depth) would train and save a draft the report misnames."""
+    target, prompts = tiny_target
+    fixture, arch, training = ("distilled", ARCH, TrainConfig(epochs=4, batch_tokens=256, checkpoint_every=3, lr=1e-2,
+                                                             warmup_steps=2)) if kind == "transformer" else ("eagle_distilled", EAGLE, EAGLE_TRAIN)
+    out = tmp_path / "work"
+    shutil.copytree(request.getfixturevalue(fixture)[0], out)
+    changes = [{"output_vocab": 20}] + ([{"layers": 2}] if kind == "transformer" else [])
+    for change in changes:
+        with pytest.raises(ValueError, match=f"other draft settings \\({next(iter(change))}\\)"):
+            distill(str(target), out, _data(prompts), dataclasses.replace(arch, **change), training, held_out=0.25)
+
+
+def test_sample_fraction_is_the_share_of_sampled_batches():
+    from specdecode.distill.teacher import sampled_batch
+
+    for fraction in (0.0, 0.1, 0.3, 0.5, 0.7, 0.75, 1.0):
+        assert sum(sampled_batch(b, fraction) for b in range(200)) == round(200 * fraction)
+    for n in (1, 2, 3, 10):  # 1/n: every n-th batch from the first, as work directories made before hold them
+        assert all(sampled_batch(b, 1 / n) == (b % n == 0) for b in range(300))
+
+
+def test_text_shards_of_other_texts_are_refused_on_resume(tmp_path):
+    from specdecode.distill.teacher import cache_text
+
+    hf, tokenizer = tiny_llama(suppress_eos=False), tiny_tokenizer()
+    texts = [" ".join(WORDS[i : i + 6]) for i in range(10)]  # two shards of 8
+    cache_text(hf, tokenizer, texts, tmp_path, top_k=4, max_tokens=32)
+    cache_text(hf, tokenizer, texts, tmp_path, top_k=4, max_tokens=32)  # the same texts: resumed, nothing to do
+    with pytest.raises(ValueError, match="other prompts than its batch"):  # the text file changed
+        cache_text(hf, tokenizer, list(reversed(texts)), tmp_path, top_k=4, max_tokens=32)
+    with pytest.raises(ValueError, match="beyond this run's 1"):  # fewer texts: the second shard would still load
+        cache_text(hf, tokenizer, texts[:8], tmp_path, top_k=4, max_tokens=32)
+
+
+def test_bad_training_files_name_the_file_and_line(tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "fine"}\n\n\n{"prompt": ""}\n')
+    with pytest.raises(ValueError, match="prompts.jsonl:4"):  # the line in the file, blank lines counted
+        read_prompt_file(prompts)
+    prompts.write_text('{"prompt": "fine"}\n{"prompt": oops}\n')
+    with pytest.raises(ValueError, match="prompts.jsonl:2: not JSON"):
+        read_prompt_file(prompts)
+    texts = tmp_path / "texts.jsonl"
+    for bad in ('{"body": "x"}', '["text"]', '{"text": 5}'):
+        texts.write_text('{"text": "fine"}\n' + bad + "\n")
+        with pytest.raises(ValueError, match='texts.jsonl:2: each line needs a "text" string'):
+            read_text_file(texts)
+
+
+def test_bad_inputs_fail_before_any_data_is_made(tiny_target, tmp_path):
+    """A text file is read before the target answers any prompt (it used to be read after all of them); top_k
+    beyond the vocabulary is refused before data.json is written."""
+    target, prompts = tiny_target
+    bad = tmp_path / "texts.jsonl"
+    bad.write_text('{"body": "no text"}\n')
+    with pytest.raises(ValueError, match="texts.jsonl:1"):
+        distill(str(target), tmp_path / "a", _data(prompts, text_file=str(bad)), ARCH, TrainConfig(epochs=1))
+    assert not list((tmp_path / "a").glob("*.safetensors"))
+    with pytest.raises(ValueError, match="top_k must be at most the target's vocabulary"):
+        distill(str(target), tmp_path / "b", _data(prompts, top_k=10_000), ARCH, TrainConfig(epochs=1))
+    assert not (tmp_path / "b" / "data.json").exists()

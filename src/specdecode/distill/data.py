@@ -53,6 +53,18 @@ def build_data(hf_model, tokenizer, workdir: Path, config: DataConfig, target_so
     """Fill workdir with response and text shards for `config` (resumable), made on the native engine where the
     target runs there (`teacher.native_teacher`); with features, holding the target's final-norm outputs too
     (an EAGLE draft's input)."""
+    vocab_size = hf_model.config.vocab_size
+    if config.top_k > vocab_size:
+        raise ValueError(f"top_k must be at most the target's vocabulary ({vocab_size}), got {config.top_k}")
+    # every input is read before anything is written or run, so a bad file fails at once, not after hours of responses
+    if config.prompt_file:
+        prompts = read_prompt_file(Path(config.prompt_file))
+    else:
+        prompts = builtin_prompts(config.prompts_per_category, config.seed)
+    german = german_prompts(Path(config.german_file), config.german_prompts, config.seed) if config.german_file else []
+    texts = builtin_texts(config.text_documents, config.seed) if config.text_documents else []
+    if config.text_file:
+        texts += read_text_file(Path(config.text_file))
     native = native_teacher(hf_model)
     if features and native is None:
         raise ValueError(f"features: {hf_model.config.model_type} does not run on the native engine, which gives "
@@ -68,20 +80,12 @@ def build_data(hf_model, tokenizer, workdir: Path, config: DataConfig, target_so
             raise ValueError(f"{workdir} holds data built with other settings ({', '.join(changed)}); use another --out")
     else:
         manifest.write_text(json.dumps(wanted, indent=2) + "\n")
-    if config.prompt_file:
-        prompts = read_prompt_file(Path(config.prompt_file))
-    else:
-        prompts = builtin_prompts(config.prompts_per_category, config.seed)
     settings = dict(max_new_tokens=config.max_new_tokens, batch_size=config.batch_size, top_k=config.top_k,
                     sample_fraction=config.sample_fraction, max_prompt_tokens=config.max_prompt_tokens, native=native,
                     features=features)
     generate_responses(hf_model, tokenizer, prompts, workdir, seed=config.seed, **settings)
-    if config.german_file:  # their own shard series and seeds: they stay as they are when prompts_per_category grows
-        german = german_prompts(Path(config.german_file), config.german_prompts, config.seed)
+    if german:  # their own shard series and seeds: they stay as they are when prompts_per_category grows
         generate_responses(hf_model, tokenizer, german, workdir, seed=config.seed + 1, series="german", **settings)
-    texts = builtin_texts(config.text_documents, config.seed) if config.text_documents else []
-    if config.text_file:
-        texts += read_text_file(Path(config.text_file))
     if texts:
         cache_text(hf_model, tokenizer, texts, workdir, top_k=config.top_k, max_tokens=config.max_text_tokens,
                    native=native, features=features)

@@ -180,8 +180,18 @@ def weight_count(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters()) + table
 
 
+def _check_resumed(init: dict, init_path: Path, architecture: DraftArchitecture) -> None:
+    """Refuse to resume from an init.pt written with other draft settings (one written by an older specdecode
+    does not record them: the checks of its kind and shapes still apply)."""
+    recorded, wanted = init.get("architecture"), asdict(architecture)
+    if recorded is not None and recorded != wanted:
+        changed = sorted(k for k in wanted if recorded.get(k) != wanted[k])
+        raise ValueError(f"{init_path} was written with other draft settings ({', '.join(changed)}); use another --out")
+
+
 def _start_eagle(loaded, out: Path, data: TeacherData, train_indices: list[int],
-                 choose_output: Callable[[], torch.Tensor], config: TrainConfig, continue_from: Path | None = None):
+                 choose_output: Callable[[], torch.Tensor], config: TrainConfig, architecture: DraftArchitecture,
+                 continue_from: Path | None = None):
     """An EAGLE network (from out/init.pt when resuming), its output_ids, the training objective (its depth set per
     epoch by the caller), and logits_on: logits_on(indices into data, d) gives the logits_fn `evaluate` takes for
     data.subset(indices) at draft depth d.
@@ -190,7 +200,8 @@ def _start_eagle(loaded, out: Path, data: TeacherData, train_indices: list[int],
     continue_from (an EAGLE draft directory for this target) training starts from its weights and head instead.
 
     Reads (or first computes) the target's features of every sequence, and keeps the target's embedding table.
-    config gives the network's seed and the objective's tv_weight and feature_weight (`EagleObjective`).
+    config gives the network's seed and the objective's tv_weight and feature_weight (`EagleObjective`);
+    architecture is recorded in init.pt, and a resumed run must match it.
     """
     target = native_from_hf_model(loaded.hf_model, torch.float32)
     init_path = out / "init.pt"
@@ -202,6 +213,7 @@ def _start_eagle(loaded, out: Path, data: TeacherData, train_indices: list[int],
         if init.get("continue_from") != started_from:
             raise ValueError(f"{init_path} starts from {init.get('continue_from') or 'a fresh network'}, not from "
                              f"{started_from or 'a fresh network'}; use another --out")
+        _check_resumed(init, init_path, architecture)
         output_ids = init["output_ids"]
         network = init_eagle(target, output_ids, config.seed)
         network.load_state_dict(init["model"])
@@ -212,7 +224,7 @@ def _start_eagle(loaded, out: Path, data: TeacherData, train_indices: list[int],
         else:
             network, output_ids = eagle_from_draft(continue_from, target)
         torch.save({"model": network.state_dict(), "output_ids": output_ids, "kind": "eagle",
-                    "continue_from": started_from}, init_path)
+                    "continue_from": started_from, "architecture": asdict(architecture)}, init_path)
     features = target_features(target, data, out)
     embedding = target.embed.weight.detach()
     training = EagleObjective(network, embedding, [features[i] for i in train_indices],
@@ -272,6 +284,9 @@ def distill(
     data = load_teacher(out)
     held = held_out_indices(data.categories, held_out, data_config.seed)
     train_indices = sorted(set(range(len(data))) - set(held))
+    if not held or not train_indices:
+        raise ValueError(f"held_out: {held_out} of the {len(data)} sequences holds out {len(held)} and leaves "
+                         f"{len(train_indices)} to train on; both need some (more prompts or texts, or another held_out)")
     train_data = data.subset(train_indices)
     eos = sorted(end_of_sequence_ids(loaded.hf_model, tokenizer))
     init_path = out / "init.pt"
@@ -281,7 +296,7 @@ def distill(
         model, output_ids, objective, logits_on = _start_eagle(
             loaded, out, data, train_indices,
             lambda: choose_output_ids(train_data, architecture.output_vocab, vocab_size, eos), train_config,
-            continue_from,
+            architecture, continue_from,
         )
         train_loss = objective.loss
 
@@ -292,6 +307,7 @@ def distill(
         init = torch.load(init_path, weights_only=True)
         if init.get("kind", "transformer") != "transformer":
             raise ValueError(f"{init_path} was written for an EAGLE draft; use another --out or add --eagle")
+        _check_resumed(init, init_path, architecture)
         output_ids = init["output_ids"]
         int8_embedding = "embed.qweight" in init["model"]  # a draft cut from the target
         if int8_embedding != bool(architecture.target_layers):
@@ -305,7 +321,7 @@ def distill(
         native_target = native_from_hf_model(loaded.hf_model, torch.float32) if architecture.target_layers else None
         model = init_draft(architecture, hf_config, embedding, output_ids, train_config.seed, native_target)
         del native_target
-        torch.save({"model": model.state_dict(), "output_ids": output_ids}, init_path)
+        torch.save({"model": model.state_dict(), "output_ids": output_ids, "architecture": asdict(architecture)}, init_path)
     del loaded  # the target is not needed any more
 
     output_index = torch.full((vocab_size,), -1, dtype=torch.long)

@@ -73,11 +73,20 @@ def package_file(package: str, relative: str) -> Path:
 
 
 def _jsonl(path: Path) -> Iterator[dict]:
+    for _, row in _numbered_jsonl(path):
+        yield row
+
+
+def _numbered_jsonl(path: Path) -> Iterator[tuple[int, object]]:
+    """(line number, parsed row) of each non-blank line; a ValueError naming path:line for a line that is not JSON."""
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", encoding="utf-8") as lines:
-        for line in lines:
+        for number, line in enumerate(lines, 1):
             if line.strip():
-                yield json.loads(line)
+                try:
+                    yield number, json.loads(line)
+                except json.JSONDecodeError as error:
+                    raise ValueError(f"{path}:{number}: not JSON ({error})") from error
 
 
 def _clip(text: str, max_chars: int) -> str:
@@ -193,7 +202,11 @@ def read_text_file(path: Path) -> list[str]:
     """User-supplied text: a .jsonl with a "text" field per line, or plain text split at blank lines."""
     path = _training_file(path, "text")
     if path.suffix == ".jsonl":
-        texts = [row["text"] for row in _jsonl(path)]
+        texts = []
+        for number, row in _numbered_jsonl(path):
+            if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+                raise ValueError(f"{path}:{number}: each line needs a \"text\" string")
+            texts.append(row["text"])
     else:
         texts = [block.strip() for block in path.read_text(encoding="utf-8").split("\n\n")]
     texts = [t for t in texts if t.strip()]
@@ -253,7 +266,7 @@ def read_prompt_file(path: Path) -> list[TrainingPrompt]:
     """Prompts from a .jsonl file: one object per line with "turns" (first turn used) or "prompt", and "category"."""
     path = _training_file(path, "prompt")
     prompts = []
-    for number, row in enumerate(_jsonl(path), 1):
+    for number, row in _numbered_jsonl(path):
         if isinstance(row, dict) and "turns" in row:
             try:
                 text = first_turn(row)

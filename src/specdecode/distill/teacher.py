@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 
 import torch
@@ -144,6 +146,21 @@ def _check_shard(path: Path, categories: list[str], encoded: list[list[int]]) ->
         raise ValueError(f"{path} holds other prompts than its batch (data of other settings or sources); use another --out")
 
 
+def _refuse_extra_shards(workdir: Path, series: str, count: int) -> None:
+    """Refuse shards of `series` numbered `count` or more: another run's data (it would be loaded with this one's)."""
+    extra = sorted(f.name for f in Path(workdir).glob(f"{series}-*.safetensors") if int(f.stem.split("-")[-1]) >= count)
+    if extra:
+        raise ValueError(f"{workdir} holds {len(extra)} {series} shards beyond this run's {count} ({extra[0]}, ...): "
+                         "data of other settings or sources; use another --out")
+
+
+def sampled_batch(b: int, fraction: float) -> bool:
+    """Whether response batch b is sampled at temperature 1 (else greedy): `fraction` of the batches, spread evenly
+    (b is sampled when ceil((b + 1) f) > ceil(b f), in exact fractions; for f = 1/n, every n-th batch from 0)."""
+    f = Fraction(fraction).limit_denominator(10_000)
+    return math.ceil((b + 1) * f) > math.ceil(b * f)
+
+
 @torch.inference_mode()
 def generate_responses(
     hf_model,
@@ -164,7 +181,7 @@ def generate_responses(
 ) -> None:
     """The target's responses to prompts with its top-k distributions, one shard per batch (resumes).
 
-    Every round(1 / sample_fraction)-th batch is sampled at temperature 1, the others are greedy;
+    sample_fraction of the batches are sampled at temperature 1 (`sampled_batch`), the others are greedy;
     each batch reseeds its sampler from (seed, batch index), so a resumed run writes the same data.
     Shards (workdir/<series>-<batch>.safetensors) already there are checked against their batch's prompts, and kept.
     native: hf_model on the native engine (`native_teacher`), which then makes the responses; None: `generate`.
@@ -176,10 +193,10 @@ def generate_responses(
         raise ValueError("features: the target's features come from the native engine; pass native=")
     eos = end_of_sequence_ids(hf_model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos)
-    sampled_every = round(1 / sample_fraction) if sample_fraction > 0 else 0
     encoded_all = [chat_ids(tokenizer, p.text)[-max_prompt_tokens:] for p in prompts]
     batches = response_batches([len(ids) for ids in encoded_all], batch_size, block)
     shards = [Path(workdir) / f"{series}-{b:05d}.safetensors" for b in range(len(batches))]
+    _refuse_extra_shards(workdir, series, len(batches))
     todo = []
     for b, (batch, shard) in enumerate(zip(batches, shards)):
         if shard.is_file():
@@ -189,7 +206,7 @@ def generate_responses(
     for b in tqdm(todo, desc=f"target responses ({series})", unit="batch"):
         batch = [prompts[i] for i in batches[b]]
         encoded = [encoded_all[i] for i in batches[b]]
-        do_sample = bool(sampled_every) and b % sampled_every == 0
+        do_sample = sampled_batch(b, sample_fraction)
         started = time.perf_counter()
         batch_seed = seed * 1_000_003 + b
         if native is not None:
@@ -248,7 +265,14 @@ def cache_text(
         raise ValueError("features: the target's features come from the native engine; pass native=")
     sequences = [ids for ids in (tokenizer(t)["input_ids"][:max_tokens] for t in texts) if len(ids) >= 2]
     batches = [sequences[i : i + batch_size] for i in range(0, len(sequences), batch_size)]
-    todo = [b for b in range(len(batches)) if not (Path(workdir) / f"text-{b:05d}.safetensors").is_file()]
+    _refuse_extra_shards(workdir, "text", len(batches))
+    todo = []
+    for b, chunk in enumerate(batches):  # a shard already there must hold its batch's texts (the file may have changed)
+        shard = Path(workdir) / f"text-{b:05d}.safetensors"
+        if shard.is_file():
+            _check_shard(shard, ["text"] * len(chunk), chunk)
+        else:
+            todo.append(b)
     for b in tqdm(todo, desc="target on text", unit="batch"):
         started = time.perf_counter()
         chunk = batches[b]
