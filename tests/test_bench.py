@@ -514,3 +514,58 @@ def test_default_drafts_are_the_bundled_model_draft_the_auto_draft_and_the_basel
     assert default_drafts("some/other-model") == ("ngram", "unigram", "bigram")
     # the bundled draft is an EAGLE draft: it reads the target's features, which transformers does not keep
     assert default_drafts(backend="hf") == ("ngram", "unigram", "bigram")
+
+
+@pytest.mark.parametrize("content", ["[1, 2]", '{"summary": {}}', '{"summary": {"best_gamma": [3]}}', "{oops"])
+def test_theory_refuses_a_file_that_is_not_bench_results(capsys, tmp_path, content):
+    path = tmp_path / "results.json"
+    path.write_text(content)
+    with pytest.raises(SystemExit) as info:
+        main(["theory", "--results", str(path)])
+    assert info.value.code == 2
+    assert "is not a bench results.json" in capsys.readouterr().err
+
+
+def test_extend_timings_feed_k_tokens_even_past_a_short_context():
+    from specdecode.bench.costs import time_extend
+
+    fed: list[int] = []
+
+    class Recorder:
+        def prefill(self, ids):
+            pass
+
+        def extend(self, ids):
+            fed.append(len(ids))
+
+        def rollback(self, n):
+            pass
+
+    times = time_extend({"target": Recorder()}, torch.tensor([5, 6, 7, 8]), {"target": list(range(1, 8))}, reps=1)
+    assert sorted(times["target"]) == list(range(1, 8)) and fed == [1, 2, 3, 4, 5, 6, 7] * 2
+
+
+def test_a_dropped_duplicate_draft_is_measured_under_the_name_kept(tmp_path):
+    """--drafts auto,ngram --category-drafts auto: 'auto' is 'ngram' here, so the per-category runs use 'ngram'."""
+    from types import SimpleNamespace
+
+    from specdecode.bench.config import BenchConfig
+    from specdecode.bench.run import _drop_duplicates
+
+    drafters = {"auto": SimpleNamespace(name="ngram:1-3"), "ngram": SimpleNamespace(name="ngram:1-3"),
+                "bundled": SimpleNamespace(name="eagle:bundled")}
+    cfg = BenchConfig(prompts="xsum", out=tmp_path, drafts=("auto", "ngram", "bundled", "unigram"),
+                      category_drafts=("auto", "bundled"))
+    kept = _drop_duplicates(cfg, drafters, lambda message: None)
+    assert kept.drafts == ("ngram", "bundled", "unigram") and kept.category_drafts == ("ngram", "bundled")
+
+
+def test_the_hf_plain_rate_in_the_report_is_the_median_of_its_temperature():
+    from specdecode.bench.report import _peers
+
+    runs = [{"role": "baseline", "engine": "hf", "temperature": t, "prompt": p, "tokens_per_s": v}
+            for t, p, v in ((0.0, 0, 10.0), (0.0, 0, 11.0), (0.0, 1, 30.0), (0.0, 1, 31.0), (1.0, 2, 5.0))]
+    results = {"summary": {"rows": [], "specdecode_over_hf_plain": None}, "runs": runs,
+               "config": {"temperatures": [0.0, 1.0]}, "unavailable": []}
+    rows = [line for line in _peers(results) if line.startswith("| HF generate (plain)")]
+    assert [row.split("|")[3:5] for row in rows] == [[" 2 ", " 20.5 "], [" 1 ", " 5.0 "]]

@@ -186,8 +186,8 @@ def _measured(path: Path) -> list[tuple[str, float, float]]:
     if not path.is_file():
         raise ValueError(f"results: {path} not found")
     try:
-        summary = json.loads(path.read_text())["summary"]
-    except (json.JSONDecodeError, KeyError) as error:
-        raise ValueError(f"results: {path} is not a bench results.json ({error})") from error
-    return [(f"{b['drafter']} at T = {b['temperature']:g} (measured)", b["alpha"], b["c"])
-            for b in summary["best_gamma"] if b.get("alpha") is not None and b.get("c") is not None]
+        best = json.loads(path.read_text())["summary"]["best_gamma"]
+        return [(f"{b['drafter']} at T = {b['temperature']:g} (measured)", b["alpha"], b["c"])
+                for b in best if b.get("alpha") is not None and b.get("c") is not None]
+    except (ValueError, KeyError, TypeError, AttributeError) as error:  # json's errors are ValueErrors
+        raise ValueError(f"results: {path} is not a bench results.json ({type(error).__name__}: {error})") from error

@@ -35,7 +35,7 @@ def time_extend(
     for rep in range(reps + 1):
         rotated = names[rep % len(names):] + names[: rep % len(names)]
         for k in all_ks:
-            feed = context[:k]  # [k] valid ids for every model
+            feed = context.repeat(-(-k // len(context)))[:k]  # [k] valid ids for every model, even past a short context
             for name in rotated:
                 if k not in times[name]:
                     continue

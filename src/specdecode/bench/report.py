@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping, Sequence
 
 __all__ = ["render"]
@@ -236,10 +237,11 @@ def _peers(results: Mapping) -> list[str]:
         return lines + ["No peers were run.", ""]
     table = []
     for t in results["config"]["temperatures"]:
-        rates = [r["tokens_per_s"] for r in base if r["temperature"] == t]
-        if rates:
-            rates.sort()
-            table.append(["HF generate (plain)", _t(t), len({r["prompt"] for r in base}), f"{rates[len(rates) // 2]:.1f}", "1 (baseline)", "–"])
+        at_t = [r for r in base if r["temperature"] == t]
+        if at_t:
+            rates = [r["tokens_per_s"] for r in at_t]
+            table.append(["HF generate (plain)", _t(t), len({r["prompt"] for r in at_t}), f"{statistics.median(rates):.1f}",
+                          "1 (baseline)", "–"])
         for r in [r for r in rows if r["temperature"] == t]:
             same = "–" if not r["greedy_runs"] else f"{r['identical']}/{r['greedy_runs']}"
             table.append([r["method"], _t(t), r["prompts"], _f(r["tokens_per_s"]["median"], ".1f"), _speedup(r["speedup"]), same])

@@ -165,6 +165,7 @@ def _prepare(cfg: BenchConfig, pipeline: Pipeline, prompts: list, log) -> tuple[
 def _drop_duplicates(cfg: BenchConfig, drafters: dict, log) -> BenchConfig:
     """Drop a draft name that resolves to the same drafter as an earlier one (e.g. 'auto' meaning 'ngram')."""
     seen: dict[str, str] = {}  # drafter name -> the draft name kept
+    kept_for: dict[str, str] = {}  # dropped draft name -> the one measured in its place
     for spec in list(drafters):
         name = getattr(drafters[spec], "name", spec)
         if name not in seen:
@@ -175,9 +176,15 @@ def _drop_duplicates(cfg: BenchConfig, drafters: dict, log) -> BenchConfig:
         else:
             dropped = spec
         del drafters[dropped]
+        kept_for[dropped] = seen[name]
         log(f"bench: draft {dropped!r} is the same drafter as {seen[name]!r} ({name}): measured once")
-    return replace(cfg, drafts=tuple(d for d in cfg.drafts if d in drafters or d in STATISTICAL_DRAFTS),
-                   category_drafts=tuple(d for d in cfg.category_drafts if d in drafters or d in STATISTICAL_DRAFTS))
+
+    def kept(names: tuple[str, ...]) -> tuple[str, ...]:
+        """names with each dropped draft replaced by the one measured in its place, each once."""
+        renamed = (kept_for.get(d, d) for d in names)
+        return tuple(dict.fromkeys(d for d in renamed if d in drafters or d in STATISTICAL_DRAFTS))
+
+    return replace(cfg, drafts=kept(cfg.drafts), category_drafts=kept(cfg.category_drafts))
 
 
 def _measure(cfg, results, out, runs_file, prompts, encoded, sweep, pipeline, drafters, baseline, log, started) -> dict:
