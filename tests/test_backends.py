@@ -48,3 +48,40 @@ def test_packing_is_checked_and_needs_the_native_engine(checkpoints):
         backends.load(str(checkpoints["llama"]), packing="fast")
     with pytest.raises(ValueError, match="packing='none' needs the native engine"):
         backends.load(str(checkpoints["llama"]), "hf", packing="none")
+
+
+def test_auto_runs_on_transformers_what_the_native_engine_cannot(tmp_path):
+    """A Llama with a GELU MLP, or with .bin weights: transformers runs both, the native engine neither."""
+    import torch
+    from safetensors.torch import load_file
+
+    gelu = tiny_llama(seed=2)
+    gelu.config.hidden_act = "gelu"
+    save_tiny_checkpoint(tmp_path / "gelu", gelu, tiny_tokenizer())
+    binary = save_tiny_checkpoint(tmp_path / "bin", tiny_llama(seed=3), tiny_tokenizer())
+    torch.save(load_file(binary / "model.safetensors"), binary / "pytorch_model.bin")  # the older weights format
+    (binary / "model.safetensors").unlink()
+    for name in ("gelu", "bin"):
+        assert not backends.native_supports(str(tmp_path / name))
+        assert isinstance(backends.load(str(tmp_path / name)).model, HFCausalLM)
+
+
+def test_native_reads_only_the_checkpoint_files_beside_another_format(checkpoints, tmp_path):
+    """A Mistral-style repository also ships consolidated.safetensors (other tensor names): model.safetensors is read."""
+    import shutil
+
+    from safetensors.torch import save_file
+    import torch
+
+    directory = shutil.copytree(checkpoints["llama"], tmp_path / "llama")
+    save_file({"tok_embeddings.weight": torch.zeros(2, 2)}, directory / "consolidated.safetensors")
+    assert isinstance(backends.load(str(directory)).model, NativeLM)
+
+
+def test_a_truncated_gguf_gets_the_loaders_error(tmp_path):
+    from native_helpers import write_tiny_gguf
+
+    whole = write_tiny_gguf(tmp_path / "whole.gguf", tiny_llama()).read_bytes()
+    (tmp_path / "cut.gguf").write_bytes(whole[:200])  # an interrupted download
+    with pytest.raises(ValueError, match="not a valid GGUF file"):
+        backends.load(str(tmp_path / "cut.gguf"))

@@ -494,6 +494,23 @@ def test_saved_draft_round_trips_and_pairs_with_its_target(tmp_path):
     assert in_bf16.extend(torch.tensor([8])).shape == (1, 64)
 
 
+def test_a_draft_directory_written_part_way_is_not_taken_for_a_draft(tmp_path, monkeypatch):
+    """draft_config.json comes last: a rewrite that fails before it (a full disk) leaves no draft, not a half one."""
+    import specdecode.drafters.distilled as distilled_module
+
+    save_draft(tmp_path, _native_draft(), torch.arange(40), "tiny", tiny_tokenizer(), {})
+    assert (tmp_path / "draft_config.json").is_file()
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(distilled_module, "save_file", full_disk)
+    with pytest.raises(OSError):
+        save_draft(tmp_path, _native_draft(seed=1), torch.arange(40), "tiny", tiny_tokenizer(), {})
+    with pytest.raises(FileNotFoundError, match="not a distilled draft"):
+        load_distilled(tmp_path)
+
+
 def test_lookup_then_model_prefers_the_lookup_on_repeats_and_stays_greedy_exact(tmp_path):
     target_dir = save_tiny_checkpoint(tmp_path / "t", tiny_llama(seed=0), tiny_tokenizer())
     draft_dir = save_tiny_checkpoint(tmp_path / "d", tiny_llama(seed=1), tiny_tokenizer())

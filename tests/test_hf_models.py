@@ -123,6 +123,24 @@ def test_rollback_matches_fresh_prefill_and_full_forward(kind):
     assert (stale.extend(_cat(second)) - after).abs().max() > 1e-2
 
 
+def test_rollback_past_a_sliding_window():
+    """A Mistral with a 16-token window, 30 tokens in: rolling back keeps the logits of one cache-free forward."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    config = MistralConfig(vocab_size=VOCAB_SIZE, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, sliding_window=16,
+                           initializer_range=0.3)
+    torch.manual_seed(0)
+    hf = MistralForCausalLM(config).eval()
+    ids = [(7 * i) % VOCAB_SIZE for i in range(40)]
+    model = wrap_hf_model(hf)
+    model.prefill(_cat(ids[:25]))
+    model.extend(_cat(ids[25:30], [1, 2, 3]))
+    model.rollback(5)
+    after = model.extend(_cat(ids[30:40]))
+    torch.testing.assert_close(after, _full_forward(hf, ids[:25], ids[25:40])[6:], atol=ATOL, rtol=0)
+
+
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "t5"])
 def test_repeated_rollbacks_and_rollback_to_zero(kind):
     hf = MODELS[kind]
@@ -226,6 +244,14 @@ def test_bad_prompts_raise(kind):
         model.prefill(torch.zeros(0, dtype=torch.long))
     with pytest.raises(ValueError, match="1-D"):
         model.prefill(torch.tensor([[5, 6]]))
+    for bad in ([3, VOCAB_SIZE], [-1, 4]):  # ids outside the embedding table: a clear error, as the native engine's
+        with pytest.raises(ValueError, match=rf"token ids must lie in \[0, {VOCAB_SIZE}\)"):
+            model.prefill(torch.tensor(bad))
+    model.prefill(_cat([5, 6]))
+    with pytest.raises(ValueError, match=rf"token ids must lie in \[0, {VOCAB_SIZE}\)"):
+        model.extend(torch.tensor([VOCAB_SIZE]))
+    with pytest.raises(ValueError, match="at least one token"):
+        model.extend(torch.zeros(0, dtype=torch.long))
 
 
 @pytest.mark.parametrize("gamma", [1, 3])

@@ -357,6 +357,31 @@ def test_gguf_cache_records_a_missing_tokenizer(tmp_path, private_cache) -> None
     assert tokenizer is None and json.loads(marker.read_text())["tokenizer"] == "absent"
 
 
+def test_a_tokenizer_added_to_the_cache_is_whole_or_absent(tmp_path, private_cache, monkeypatch) -> None:
+    """Saving the tokenizer beside a model converted without it fails part-way (a full disk): the cache must not
+    look as if it held a tokenizer, so the next load makes it again."""
+    import specdecode.native.loading as loading
+    from tiny_hf import tiny_tokenizer
+
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", MODELS["llama"], "llama")
+    native_from_gguf(path, with_tokenizer=False)
+    monkeypatch.setattr(loading, "_gguf_tokenizer", lambda source: tiny_tokenizer())  # this file 'has' a tokenizer
+    real_save = type(tiny_tokenizer()).save_pretrained
+
+    def full_disk(self, directory, *args, **kwargs):
+        (Path(directory) / "tokenizer_config.json").write_text("{}")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(type(tiny_tokenizer()), "save_pretrained", full_disk)
+    assert native_from_gguf(path)[1] is not None  # the tokenizer made from the file; the cache could not keep it
+    (cached,) = (private_cache / "native").iterdir()
+    assert not (cached / "tokenizer_config.json").exists()
+    monkeypatch.setattr(type(tiny_tokenizer()), "save_pretrained", real_save)
+    _, tokenizer = native_from_gguf(path)  # space is back: made again and kept
+    assert tokenizer is not None and (cached / "tokenizer.json").is_file()
+    assert native_from_gguf(path)[1].encode("the dog") == tiny_tokenizer().encode("the dog")  # read from the cache
+
+
 def test_kv_cache_is_one_block_of_views() -> None:
     model = native(MODELS["llama"], max_cache_len=64)
     cache = model._cache

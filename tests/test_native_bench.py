@@ -79,3 +79,13 @@ def test_bad_bench_arguments_are_named() -> None:
 
 def test_memory_readings_are_plausible() -> None:
     assert 10 < rss_mb() <= peak_rss_mb() + 1
+
+
+@pytest.mark.slow
+@pytest.mark.real_model
+def test_rss_probe_runs_the_bundled_eagle_draft():
+    """The probe's default draft is the bundled one, an EAGLE draft: it drafts on the target's features."""
+    from specdecode.native.probe import run_probe
+
+    result = run_probe("rss", "--draft", "bundled", "--new-tokens", "4")
+    assert result["draft_packing"].startswith("eagle") and result["target_draft_mb"] >= result["target_mb"]

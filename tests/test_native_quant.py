@@ -117,6 +117,15 @@ def test_quantized_model_holds_int8_weights_and_shares_the_tied_table() -> None:
     assert sum(size.values()) < 0.35 * sum(fp32_size.values())
 
 
+def test_a_model_with_an_int8_embedding_keeps_it_when_quantized() -> None:
+    """A draft cut from its target stores an int8 embedding: quantizing the rest keeps that table as it is."""
+    model = native_from_hf_model(TARGET)
+    embedding = Int8Embedding(*quantize_per_channel(model.embed.weight), model.dtype)
+    model.embed = embedding
+    quantize_model(model, "int8")
+    assert model.embed is embedding and isinstance(model.lm_head, Int8Linear)
+
+
 # --------------------------------------------------------------------------- agreement with float32
 
 

@@ -84,6 +84,24 @@ def test_lean_tokenizer_matches_transformers(tmp_path, make) -> None:
                 reference.apply_chat_template(conversation, add_generation_prompt=prompt, tokenize=False)
 
 
+def test_saved_truncation_padding_and_none_valued_keys_as_transformers(tmp_path) -> None:
+    """transformers ignores a truncation or padding saved in tokenizer.json unless asked, and drops None-valued
+    message keys (an OpenAI-style "name": null) before the template sees them."""
+    template = "{% for m in messages %}{{ m['role'] }}{% if m.name is defined %} ( {{ m.name }} ){% endif %} : {{ m['content'] }} {% endfor %}"
+    tokenizer = tiny_tokenizer(chat_template=template)
+    tokenizer.backend_tokenizer.enable_truncation(max_length=4)
+    tokenizer.backend_tokenizer.enable_padding(length=12)
+    directory = _saved(tokenizer, tmp_path / "t")
+    hf, lean = AutoTokenizer.from_pretrained(directory), LeanTokenizer(directory)
+    text = "the cat sees the dog and the bird"
+    assert lean.encode(text) == hf.encode(text) and len(hf.encode(text)) > 4
+    messages = [{"role": "user", "content": "hello world", "name": None}]
+    assert lean.apply_chat_template(messages, tokenize=False) == hf.apply_chat_template(messages, tokenize=False) == "user : hello world "
+    for tok in (hf, lean):
+        with pytest.raises(ValueError, match="empty conversation"):
+            tok.apply_chat_template([], tokenize=False)
+
+
 def test_chat_template_errors_surface_like_transformers(tmp_path) -> None:
     directory = _saved(_bos_tokenizer(), tmp_path / "bos")
     bad = [{"role": "user", "content": "hello"}, {"role": "system", "content": "late"}]

@@ -14,9 +14,10 @@ BACKENDS = ("auto", "native", "hf")
 
 
 def native_supports(name_or_path: str) -> bool:
-    """Whether the native engine runs this model: the default, a Llama/Qwen2 GGUF file or HF directory."""
-    from specdecode.native.config import HF_ARCHITECTURES
-    from specdecode.native.loading import GGUF_ARCHITECTURES
+    """Whether the native engine runs this model: the default, a Llama/Qwen2/Mistral GGUF file or HF directory
+    whose config and safetensors weights the engine takes."""
+    from specdecode.native.config import HF_ARCHITECTURES, NativeConfig
+    from specdecode.native.loading import GGUF_ARCHITECTURES, hf_weight_files
 
     if name_or_path == DEFAULT_TARGET:
         return True
@@ -26,7 +27,15 @@ def native_supports(name_or_path: str) -> bool:
     config = path / "config.json"
     if not config.is_file():
         return False  # a model id in the HF cache, or nothing: let transformers handle (or refuse) it
-    return json.loads(config.read_text()).get("model_type") in HF_ARCHITECTURES
+    if json.loads(config.read_text()).get("model_type") not in HF_ARCHITECTURES or not hf_weight_files(path):
+        return False  # another architecture, or weights in another format (pytorch_model.bin)
+    from transformers import AutoConfig
+
+    try:  # a supported model type with a feature the engine lacks (another activation, per-layer RoPE)
+        NativeConfig.from_hf_config(AutoConfig.from_pretrained(path, local_files_only=True))
+    except ValueError:
+        return False
+    return True
 
 
 def _gguf_architecture(path: Path) -> str | None:
@@ -34,8 +43,8 @@ def _gguf_architecture(path: Path) -> str | None:
 
     try:
         field = GGUFReader(path).fields.get("general.architecture")
-    except (ValueError, OSError):  # not a GGUF file: the loader reports it properly
-        return None
+    except Exception as error:  # a truncated or foreign file: gguf raises anything (IndexError, struct.error, ...)
+        raise ValueError(f"{path} is not a valid GGUF file: {error}") from error
     return None if field is None else bytes(field.parts[field.data[0]]).decode()
 
 

@@ -92,9 +92,13 @@ def save_draft(
 def write_draft_directory(directory: Path, state: Mapping[str, torch.Tensor], output_ids: torch.Tensor,
                           native_config: NativeConfig, target: str, tokenizer, report: Mapping,
                           kind: str | None = None) -> None:
-    """Write a draft directory: weights `state` with output_ids, draft_config.json (with `kind` when given), tokenizer."""
+    """Write a draft directory: tokenizer, weights `state` with output_ids, then draft_config.json (with `kind` when
+    given), whose presence makes the directory a draft: one interrupted part-way is not taken for a whole one."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    (directory / CONFIG_FILE).unlink(missing_ok=True)  # rewriting: not a draft until it is whole again
+    if tokenizer is not None:
+        tokenizer.save_pretrained(directory)
     save_file({**state, "output_ids": output_ids.to(torch.int32).contiguous()}, directory / WEIGHTS_FILE)
     config = {
         "format": FORMAT,
@@ -105,12 +109,12 @@ def write_draft_directory(directory: Path, state: Mapping[str, torch.Tensor], ou
         "native_config": native_config.to_dict(),
         "report": dict(report),
     }
-    (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    staged = directory / (CONFIG_FILE + ".tmp")
+    staged.write_text(json.dumps(config, indent=2) + "\n")
     # safetensors writes its file owner-only (0600); a draft directory is made to be shared, so the weights
     # get the mode the config file got from the umask
-    shutil.copymode(directory / CONFIG_FILE, directory / WEIGHTS_FILE)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(directory)
+    shutil.copymode(staged, directory / WEIGHTS_FILE)
+    staged.replace(directory / CONFIG_FILE)
 
 
 def read_draft_weights(directory: Path, label: str) -> tuple[dict[str, torch.Tensor], torch.Tensor]:

@@ -13,7 +13,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["LanguageModel", "ContextLengthError", "as_token_ids"]
+__all__ = ["LanguageModel", "ContextLengthError", "as_token_ids", "checked_token_ids"]
 
 
 class ContextLengthError(ValueError):
@@ -26,6 +26,18 @@ def as_token_ids(token_ids: torch.Tensor, name: str) -> torch.Tensor:
     if token_ids.dim() != 1:
         raise ValueError(f"{name} must be a 1-D tensor of token ids, got shape {tuple(token_ids.shape)}")
     return token_ids.to(torch.long)
+
+
+def checked_token_ids(token_ids: torch.Tensor, name: str, vocab_size: int, model: str) -> torch.Tensor:
+    """token_ids as a non-empty 1-D int64 tensor of ids in [0, vocab_size) (an id outside would read past the
+    embedding table: an IndexError deep in the model); a clear error naming `name` or `model` otherwise."""
+    token_ids = as_token_ids(token_ids, name)
+    if token_ids.numel() == 0:
+        raise ValueError(f"{name} must hold at least one token")
+    low, high = torch.aminmax(token_ids)
+    if int(low) < 0 or int(high) >= vocab_size:
+        raise ValueError(f"{model}: token ids must lie in [0, {vocab_size})")
+    return token_ids
 
 
 @runtime_checkable

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
 
-from specdecode.models.base import ContextLengthError, as_token_ids
+from specdecode.models.base import ContextLengthError, checked_token_ids
 
 __all__ = ["HFCausalLM", "HFSeq2SeqLM", "wrap_hf_model"]
 
@@ -51,9 +51,7 @@ class _HFAdapter:
 
     @torch.inference_mode()
     def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor:
-        prompt_ids = as_token_ids(prompt_ids, "prompt_ids")
-        if prompt_ids.numel() == 0:
-            raise ValueError("prompt_ids must hold at least one token")
+        prompt_ids = checked_token_ids(prompt_ids, "prompt_ids", self.vocab_size, self.name)
         if prompt_ids.numel() > self._prompt_limit():
             raise ContextLengthError(
                 f"{self.name}: the prompt has {prompt_ids.numel()} tokens but at most {self._prompt_limit()} fit "
@@ -65,9 +63,9 @@ class _HFAdapter:
 
     @torch.inference_mode()
     def extend(self, token_ids: torch.Tensor) -> torch.Tensor:
-        token_ids = as_token_ids(token_ids, "token_ids")
         if self._cache is None:
             raise RuntimeError("call prefill() before extend()")
+        token_ids = checked_token_ids(token_ids, "token_ids", self.vocab_size, self.name)
         if token_ids.numel() > self.room():
             raise ContextLengthError(
                 f"{self.name}: feeding {token_ids.numel()} tokens would exceed the context window of {self.max_length} "
@@ -113,7 +111,9 @@ class HFCausalLM(_HFAdapter):
         return self.max_length - 1  # room for at least the first generated token
 
     def _start(self, prompt_ids: torch.Tensor) -> torch.Tensor:
-        self._cache = DynamicCache(config=self.model.config)
+        # no config: every layer keeps every position, so crop() works past a sliding window too (a sliding layer's
+        # cache refuses to crop once full); the model still applies its sliding-window mask
+        self._cache = DynamicCache()
         return self.model(input_ids=prompt_ids, cache=self._cache, use_cache=True, logits_to_keep=1).logits
 
     def _decode(self, token_ids: torch.Tensor) -> torch.Tensor:

@@ -113,6 +113,8 @@ class LeanTokenizer:
         if config is None:
             raise ValueError(f"{self.directory} does not hold a generic fast tokenizer; use load_saved_tokenizer")
         self._tokenizer = Tokenizer.from_file(str(self.directory / "tokenizer.json"))
+        self._tokenizer.no_truncation()  # as transformers: a saved truncation or padding applies only when asked for
+        self._tokenizer.no_padding()
         self.init_kwargs = config
         template_file = self.directory / "chat_template.jinja"
         self.chat_template: str | None = (
@@ -166,10 +168,13 @@ class LeanTokenizer:
         """
         if not self.chat_template:
             raise ValueError(f"the tokenizer in {self.directory} has no chat template")
+        if not conversation:
+            raise ValueError("Cannot apply chat template to an empty conversation. Provide at least one message.")
         for message in conversation:
             if not isinstance(message, Mapping):
                 raise TypeError(f"chat messages must be dicts, got {message!r}")
-        messages = [dict(message) for message in conversation]
+        # as transformers, keys whose value is None are dropped ("name": null from OpenAI-style clients)
+        messages = [{key: value for key, value in message.items() if value is not None} for message in conversation]
         text = _compiled_template(self.chat_template).render(  # the variables transformers passes
             messages=messages, tools=None, documents=None, add_generation_prompt=add_generation_prompt,
             **{**self.special_tokens_map, **template_kwargs},

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from specdecode.models.base import ContextLengthError, as_token_ids
+from specdecode.models.base import ContextLengthError, checked_token_ids
 from specdecode.native.config import check_packing
 from specdecode.native.model import KVCache, NativeTransformer
 
@@ -171,32 +171,26 @@ class NativeLM:
 
     @torch.inference_mode()
     def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor:
-        prompt_ids = as_token_ids(prompt_ids, "prompt_ids")
-        if prompt_ids.numel() == 0:
-            raise ValueError("prompt_ids must hold at least one token")
+        prompt_ids = checked_token_ids(prompt_ids, "prompt_ids", self.vocab_size, self.name)
         if prompt_ids.numel() >= self.max_length:
             raise ContextLengthError(
                 f"{self.name}: the prompt has {prompt_ids.numel()} tokens but at most {self.max_length - 1} fit "
                 f"(context window {self.max_length}, the KV cache size); shorten the prompt or raise max_cache_len"
             )
-        self._check_ids(prompt_ids)
         self._prompt_length, self._num_generated, self._started = prompt_ids.numel(), 0, True
         self._features_from = 0
         return self._run(prompt_ids, 0, last_only=True)[0]  # [V]
 
     @torch.inference_mode()
     def extend(self, token_ids: torch.Tensor) -> torch.Tensor:
-        token_ids = as_token_ids(token_ids, "token_ids")
         if not self._started:
             raise RuntimeError("call prefill() before extend()")
-        if token_ids.numel() == 0:
-            raise ValueError("token_ids must hold at least one token")
+        token_ids = checked_token_ids(token_ids, "token_ids", self.vocab_size, self.name)
         if token_ids.numel() > self.room():
             raise ContextLengthError(
                 f"{self.name}: feeding {token_ids.numel()} tokens would exceed the context window of {self.max_length} "
                 f"positions (prompt {self._prompt_length}, generated {self._num_generated})"
             )
-        self._check_ids(token_ids)
         logits = self._run(token_ids, self._prompt_length + self._num_generated, last_only=False)  # [n, V]
         self._num_generated += token_ids.numel()
         return logits
@@ -226,8 +220,3 @@ class NativeLM:
             raise ValueError(f"num_generated must be in [0, {self._num_generated}], got {num_generated}")
         self._num_generated = num_generated
 
-    def _check_ids(self, token_ids: torch.Tensor) -> None:
-        # an out-of-range id would read past the embedding table (an IndexError deep in the model)
-        low, high = torch.aminmax(token_ids)
-        if int(low) < 0 or int(high) >= self.vocab_size:
-            raise ValueError(f"{self.name}: token ids must lie in [0, {self.vocab_size})")

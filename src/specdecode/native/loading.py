@@ -179,12 +179,23 @@ def native_from_hf_model(model: PreTrainedModel, dtype: torch.dtype | None = Non
     return _build(config, native_state_dict(state, config), dtype)
 
 
+def hf_weight_files(path: Path) -> list[Path]:
+    """The safetensors files of a Hugging Face checkpoint directory: those its index lists, else model.safetensors,
+    else every *.safetensors file (none: []). Other files beside an index (e.g. a consolidated.safetensors of another
+    format) are not read."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        return [path / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    single = path / "model.safetensors"
+    return [single] if single.is_file() else sorted(path.glob("*.safetensors"))
+
+
 def native_from_hf_directory(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> NativeTransformer:
     """From a Hugging Face checkpoint directory: config.json and one or more *.safetensors files."""
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"model directory not found: {path}")
-    files = sorted(path.glob("*.safetensors"))
+    files = hf_weight_files(path)
     if not files:
         raise FileNotFoundError(f"{path} has no *.safetensors weights")
     from transformers import AutoConfig
@@ -367,12 +378,24 @@ def _cached_tokenizer(cached: Path, source: Path):
     tokenizer = _gguf_tokenizer(source)
     try:
         if tokenizer is not None:
-            tokenizer.save_pretrained(cached)
+            _add_tokenizer(cached, tokenizer)
         else:
             (cached / _CACHE_COMPLETE).write_text(json.dumps({**marker, "tokenizer": "absent"}))
-    except OSError as error:  # a read-only cache only costs speed
+    except OSError as error:  # a read-only or full cache only costs speed
         logger.warning("cannot record the tokenizer in the cache in %s: %s", cached, error)
     return tokenizer
+
+
+def _add_tokenizer(cached: Path, tokenizer) -> None:
+    """Save tokenizer's files beside a cached model: written elsewhere first, then moved in with tokenizer_config.json
+    last, whose presence says the tokenizer is there (a write that fails part-way leaves the cache as it was)."""
+    staging = Path(tempfile.mkdtemp(dir=cached.parent, prefix=".tokenizer-"))
+    try:
+        tokenizer.save_pretrained(staging)
+        for file in sorted(staging.iterdir(), key=lambda f: f.name == "tokenizer_config.json"):
+            os.replace(file, cached / file.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _save_cache(

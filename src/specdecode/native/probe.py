@@ -74,21 +74,24 @@ def truncated_draft(num_layers: int, dtype: torch.dtype) -> NativeTransformer:
     return _build(config, state, dtype)
 
 
-def load_draft(spec: str, dtype: torch.dtype, quantize: str):
-    """A native draft: 'bundled' (the shipped distilled draft), 'truncated:N' (the default model's first N layers)
-    or a path load_native takes."""
+def load_draft(spec: str, target, dtype: torch.dtype, quantize: str):
+    """A drafter for `target` (a LoadedModel of the default model on the native engine): 'bundled' (the shipped
+    EAGLE draft, reading the target's features), 'truncated:N' (the default model's first N layers) or a path
+    load_native takes (a model draft)."""
+    from specdecode.drafters import ModelDrafter
     from specdecode.native.engine import NativeLM
 
-    if spec == "bundled":  # the distilled draft shipped for the default model
-        from specdecode.drafters.distilled import bundled_draft_dir, load_distilled
+    if spec == "bundled":  # the EAGLE draft shipped for the default model, as `specdecode generate` runs it
+        from specdecode.drafters.distilled import bundled_draft_dir
+        from specdecode.pipeline import eagle_drafter
 
-        return load_distilled(bundled_draft_dir(DEFAULT_TARGET), max_cache_len=2048, dtype=dtype, quantize=quantize).model
+        return eagle_drafter(str(bundled_draft_dir(DEFAULT_TARGET)), target)
     if spec.startswith("truncated:"):
         layers = spec.partition(":")[2]
         if not layers.isdigit():
             raise ValueError(f"draft must be 'truncated:N' with N a number of layers, or a model path; got {spec!r}")
-        return NativeLM(truncated_draft(int(layers), dtype), name=spec, max_cache_len=2048, quantize=quantize)
-    return load_native(spec, dtype, max_cache_len=2048, quantize=quantize).model
+        return ModelDrafter(NativeLM(truncated_draft(int(layers), dtype), name=spec, max_cache_len=2048, quantize=quantize))
+    return ModelDrafter(load_native(spec, dtype, max_cache_len=2048, quantize=quantize).model)
 
 
 def _chat_ids(tokenizer) -> torch.Tensor:
@@ -116,18 +119,22 @@ def rss(args: argparse.Namespace) -> dict:
     """RSS after imports, after loading the target, after the draft, after a short speculative generation."""
     from specdecode.core.sampling import SamplingParams
     from specdecode.decoding import generate
-    from specdecode.drafters import ModelDrafter
+    from specdecode.drafters.eagle import EagleDrafter
 
     out = {"imports_mb": rss_mb()}
     dtype = DTYPES[args.dtype]
     target = load_native(dtype=dtype, quantize=args.quantize)
     out["target_mb"] = rss_mb()
-    draft = load_draft(args.draft, dtype, args.quantize)
+    drafter = load_draft(args.draft, target, dtype, args.quantize)
     out["target_draft_mb"] = rss_mb()
-    result = generate(target.model, _chat_ids(target.tokenizer), drafter=ModelDrafter(draft), gamma=4,
+    result = generate(target.model, _chat_ids(target.tokenizer), drafter=drafter, gamma=4,
                       max_new_tokens=args.new_tokens, sampling=SamplingParams(0.0))
+    if isinstance(drafter, EagleDrafter):
+        draft_packing = f"eagle ({drafter.quantize})"
+    else:  # a model draft, maybe inside a reduced-vocabulary wrapper
+        draft_packing = getattr(drafter.model, "inner", drafter.model).packing
     out.update(after_generate_mb=rss_mb(), peak_mb=peak_rss_mb(), alpha=result.stats.alpha,
-               packing=target.model.packing, draft_packing=getattr(draft, "inner", draft).packing)
+               packing=target.model.packing, draft_packing=draft_packing)
     return out
 
 

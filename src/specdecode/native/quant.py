@@ -138,7 +138,9 @@ def quantize_model(model: NativeTransformer, quantize: str) -> NativeTransformer
         for name in _LAYER_LINEARS:
             setattr(layer, name, Int8Linear.from_linear(getattr(layer, name)))
     head = Int8Linear.from_linear(model.lm_head)
-    if model.config.tie_word_embeddings:
+    if isinstance(model.embed, Int8Embedding):  # already int8 (a draft cut from its target): kept as it is
+        embed = model.embed
+    elif model.config.tie_word_embeddings:
         embed = Int8Embedding(head.qweight, head.scales, model.dtype)  # the same int8 table
     else:
         embed = Int8Embedding(*quantize_per_channel(model.embed.weight), model.dtype)
