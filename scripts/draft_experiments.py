@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from specdecode.distill.recipe import held_out_indices
+from specdecode.distill.recipe import report_split
 from specdecode.distill.teacher import load_teacher
 from specdecode.distill.train import _batch, _lr_factor, distill_loss, draft_logits, evaluate, make_batches, tv_loss
 from specdecode.native.batched import decoder_stack
@@ -114,8 +114,7 @@ def run_variant(args: argparse.Namespace) -> None:
     torch.manual_seed(args.seed)
     workdir = Path(args.dir)
     data = load_teacher(workdir)
-    held = held_out_indices(data.categories, 0.08, 0)  # the distill report's split (held_out=0.08, seed 0)
-    train_idx = sorted(set(range(len(data))) - set(held))
+    held, train_idx = report_split(workdir, data)  # the distill report's split (its seed and held-out share)
     train_data, held_out = data.subset(train_idx), data.subset(held)
     config = json.loads((workdir / "draft/draft_config.json").read_text())["native_config"]
     output_ids = torch.load(workdir / "init.pt", weights_only=True)["output_ids"]

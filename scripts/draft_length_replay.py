@@ -9,8 +9,8 @@ positions 1, 2, ... up to gamma, ending after a token whose q (the softmax of it
 min_confidence. The k-th draft token is the network's teacher-forced prediction at depth k (the k - 1 before
 it being the answer's own, `EagleObjective.logits_by_depth`), which is what the drafter computes wherever the
 tokens before it were accepted; so the accepted tokens, target calls and tokens per call are decoding's (up to
-float rounding of the batched features), and only the length of drafts whose earlier tokens were rejected is
-approximate. The predictions are the draft's float32 weights' (decoding drafts on int8 where the kernel
+float rounding of the batched features), and only the length of drafts whose earlier tokens were rejected, or that
+run past an answer's EOS (counted without an early end there), is approximate. The predictions are the draft's float32 weights' (decoding drafts on int8 where the kernel
 runs: alpha within 0.006, docs/distill.md). The time of a call is the target's T(draft tokens + 1) plus the
 draft's time for its model tokens, both timed here as `generate --draft auto` runs them (the target's layout
 chosen for 3-token calls, the draft on int8 weights where the kernel runs); the predicted speedup of an
@@ -103,9 +103,13 @@ def replay(ids: torch.Tensor, first: int, tokens: torch.Tensor, confidence: torc
         draft = find_continuation(ids[:n], g, LOOKUP[1], LOOKUP[0]).tolist() if g > 0 else []
         model_tokens = 0
         if g > 0 and not draft:
-            for k in range(min(g, len(ids) - n)):  # past the answer's end no draft token can be accepted
-                draft.append(int(tokens[k, n - 1 + k]))
-                if float(confidence[k, n - 1 + k]) < min_confidence:
+            for k in range(g):
+                j = n - 1 + k  # the position the k-th draft token is predicted at
+                if j >= len(ids):  # past the answer's end (an EOS): decoding drafts on, tokens unknown here and
+                    draft.append(-1)  # never accepted; counted without an early end (exact at min_confidence 0)
+                    continue
+                draft.append(int(tokens[k, j]))
+                if float(confidence[k, j]) < min_confidence:
                     break
             model_tokens = len(draft)
         new = min(accepted_prefix(ids, n, draft) + 1, answer - generated)

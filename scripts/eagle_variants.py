@@ -49,7 +49,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from specdecode.distill.eagle import EagleObjective, init_eagle, sequence_key, target_features
-from specdecode.distill.recipe import held_out_indices
+from specdecode.distill.recipe import report_split
 from specdecode.distill.teacher import TeacherData, load_teacher
 from specdecode.distill.train import TrainConfig, check_loss_weights, evaluate, make_batches, train
 from specdecode.models.loading import load_model
@@ -174,8 +174,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
 
     settings = json.loads((args.dir / "data.json").read_text())
     data = load_teacher(args.dir)
-    held = held_out_indices(data.categories, 0.08, settings["seed"])  # the distill report's split
-    train_idx = sorted(set(range(len(data))) - set(held))
+    held, train_idx = report_split(args.dir, data)  # the distill report's split (its seed and held-out share)
     target = native_from_hf_model(load_model(settings["target"]).hf_model, torch.float32)
     if any(not 0 <= layer < target.config.num_layers for layer in layers):
         parser.error(f"--layers: the target's layers are 0 .. {target.config.num_layers - 1}, got {args.layers!r}")

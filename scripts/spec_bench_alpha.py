@@ -63,15 +63,26 @@ def score(directory: Path, data, features: list[torch.Tensor], embedding: torch.
     return evaluate(network, data, output_index, batch_tokens, partial(objective.scored_logits, depth=depth))
 
 
-def answers_and_features(target_name: str, prompts_file: Path, out: Path, max_new_tokens: int, batch_size: int = 48):
+def answers_and_features(target_name: str, prompts_file: Path, out: Path, max_new_tokens: int,
+                         batch_size: int | None = None):
     """The target's greedy answers to the first turns of prompts_file with their top-k distributions, the native
-    target (float32) and its features f [L_i - 1, H] of every answer; kept in `out`, so a rerun reads them back."""
+    target (float32) and its features f [L_i - 1, H] of every answer; kept in `out`, so a rerun reads them back.
+
+    batch_size (prompts per generate call; the shards are laid out by it): None takes what `out`'s answers were
+    made with (48 for new ones), so the replay scripts reuse answers made with any.
+    """
     out.mkdir(parents=True, exist_ok=True)
     settings = {"target": target_name, "prompts": str(prompts_file.resolve()), "max_new_tokens": max_new_tokens}
-    recorded = out / "settings.json"
-    if recorded.is_file() and json.loads(recorded.read_text()) != settings:
-        raise SystemExit(f"{out} holds answers made with other settings ({recorded.read_text().strip()}); use another --out")
-    recorded.write_text(json.dumps(settings) + "\n")
+    settings_file = out / "settings.json"
+    recorded = json.loads(settings_file.read_text()) if settings_file.is_file() else {}
+    made_with = recorded.pop("batch_size", 48) if recorded else None  # files without it were made at 48
+    if recorded and recorded != settings:
+        raise SystemExit(f"{out} holds answers made with other settings ({json.dumps(recorded)}); use another --out")
+    if batch_size is None:
+        batch_size = made_with or 48
+    elif made_with is not None and batch_size != made_with:
+        raise SystemExit(f"{out} holds answers made with --batch-size {made_with}; use that, or another --out")
+    settings_file.write_text(json.dumps({**settings, "batch_size": batch_size}) + "\n")
     loaded = load_model(target_name)
     prompts = [TrainingPrompt(p.category, p.text) for p in load_prompts(prompts_file)]
     generate_responses(loaded.hf_model, loaded.tokenizer, prompts, out, max_new_tokens=max_new_tokens,
@@ -107,7 +118,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_answer_options(parser)
     parser.add_argument("--draft", action="append", help="an EAGLE draft directory or 'bundled' (repeatable; default bundled)")
-    parser.add_argument("--batch-size", type=int, default=48, help="prompts per generate call")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="prompts per generate call (default 48, or what --out's answers were made with)")
     parser.add_argument("--batch-tokens", type=int, default=4096, help="tokens per scoring batch")
     parser.add_argument("--depth", type=int, default=1,
                         help="score the d-th draft token, the d - 1 before it being the answer's own (default 1)")

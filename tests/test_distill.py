@@ -974,3 +974,14 @@ def test_bad_inputs_fail_before_any_data_is_made(tiny_target, tmp_path):
     with pytest.raises(ValueError, match="top_k must be at most the target's vocabulary"):
         distill(str(target), tmp_path / "b", _data(prompts, top_k=10_000), ARCH, TrainConfig(epochs=1))
     assert not (tmp_path / "b" / "data.json").exists()
+
+
+def test_report_split_is_the_split_the_distill_run_made(distilled):
+    """Scripts that train variants on a work directory hold out what its report did (held_out=0.25 here, not 0.08)."""
+    from specdecode.distill.recipe import held_out_indices, report_split
+
+    out, report = distilled
+    data = load_teacher(out)
+    held, train_indices = report_split(out, data)
+    assert held == held_out_indices(data.categories, 0.25, 0) and len(held) == report["held_out_sequences"]
+    assert sorted(held + train_indices) == list(range(len(data)))

@@ -61,6 +61,8 @@ def test_replay_makes_the_target_calls_greedy_decoding_makes(eagle_distilled, ti
             assert 1 + len(calls) == stats.target_calls, f"gamma {gamma}, min_confidence {threshold}: {row['prompt']!r}"
             assert sum(c.new_tokens for c in calls) + 1 == stats.new_tokens
             assert sum(c.model_tokens == 0 and c.drafted > 0 for c in calls) == drafter.lookup_drafts
+            if threshold == 0:  # every draft gamma long (capped by max_new_tokens), also past an answer's EOS
+                assert sum(c.drafted for c in calls) == stats.draft_tokens
             lookups += drafter.lookup_drafts
     assert lookups > 0  # both kinds of draft were replayed
 
@@ -70,3 +72,15 @@ def test_settings_must_be_gamma_and_min_confidence_pairs(text, capsys):
     with pytest.raises(SystemExit):
         _script().main(["--settings", text])
     assert "settings" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("gamma", [3, 4])
+def test_a_draft_runs_past_the_answers_end_as_decoding_drafts_it(gamma):
+    """The answer ends (an EOS) inside the last call's draft: decoding still drafts gamma tokens there, and the replay
+    counts them (the target verifies them all), accepting only up to the answer's end."""
+    ids = torch.tensor([10, 11, 20, 21, 22])  # the prompt ids[:2], then the answer 20 21 22 (22 its EOS)
+    depth = 4
+    tokens = torch.full((depth, len(ids)), 7)  # the draft's argmax at depth k + 1, position j (for position j + 1)
+    tokens[:, :-1] = ids[1:]  # right wherever the answer goes on
+    calls = _script().replay(ids, 1, tokens, torch.ones(depth, len(ids)), gamma, 0.0, 16)
+    assert [(c.drafted, c.model_tokens, c.new_tokens) for c in calls] == [(gamma, gamma, 2)]

@@ -268,6 +268,18 @@ def test_seed_reproduces_samples_at_temperature_one(client):
     assert sample(None) != sample(None)  # no seed: a fresh random one each time
 
 
+def test_a_single_stop_string_is_one_stop_not_its_characters(reference):
+    """Pipeline.generate(stop="word"), as OpenAI's API allows, stops at the word, as stop=["word"] does."""
+    ids, greedy_params = torch.tensor(text_ids()), SamplingParams(0.0)
+    full = reference.text(reference.generate(ids, max_new_tokens=24, sampling=greedy_params).token_ids)
+    word = full.split()[4]
+
+    def stopped(stop) -> str:
+        return reference.text(reference.generate(ids, max_new_tokens=24, sampling=greedy_params, stop=stop).token_ids, stop)
+
+    assert stopped(word) == stopped([word]) == full[: full.find(word)] != ""
+
+
 def test_pipeline_without_a_seed_draws_fresh_samples(reference):
     def sample(seed: int | None) -> list[int]:
         ids = torch.tensor(text_ids())

@@ -62,3 +62,17 @@ def test_alpha_per_category_equals_greedy_decoding_at_gamma_one(eagle_distilled,
 
     with pytest.raises(SystemExit, match="other settings"):
         _script().main([*argv[:-1], "8"])
+
+
+def test_answers_made_at_another_batch_size_are_reused(tiny_target, tmp_path):  # noqa: F811
+    """The replay scripts pass no batch size: they read answers spec_bench_alpha made with --batch-size 4."""
+    target, _ = tiny_target
+    prompts = tmp_path / "prompts.jsonl"
+    rows = [json.loads(line) for line in _prompt_file(tmp_path / "words.jsonl", count=10, seed=3).read_text().splitlines()]
+    prompts.write_text("\n".join(json.dumps({"category": row["category"], "turns": [row["prompt"]]}) for row in rows))
+    out = tmp_path / "out"
+    made, _, _ = _script().answers_and_features(str(target), prompts, out, 8, batch_size=4)
+    again, _, _ = _script().answers_and_features(str(target), prompts, out, 8)
+    assert [ids.tolist() for ids in again.ids] == [ids.tolist() for ids in made.ids] and len(made) == 10
+    with pytest.raises(SystemExit, match="--batch-size 4"):
+        _script().answers_and_features(str(target), prompts, out, 8, batch_size=5)

@@ -100,9 +100,11 @@ def default_gamma(draft: str | None) -> int:
 
 
 class StopStrings:
-    """Stop condition for the decoding loop: end once the decoded text contains any of `stops`."""
+    """Stop condition for the decoding loop: end once the decoded text contains any of `stops` (one string, as
+    OpenAI's `stop` may be, is one stop string, not its characters)."""
 
-    def __init__(self, tokenizer, stops: Sequence[str]) -> None:
+    def __init__(self, tokenizer, stops: str | Sequence[str]) -> None:
+        stops = [stops] if isinstance(stops, str) else stops
         if any(not isinstance(s, str) or not s for s in stops):
             raise ValueError(f"stop strings must be non-empty strings, got {list(stops)!r}")
         self.tokenizer = tokenizer
@@ -234,7 +236,7 @@ class Pipeline:
         *,
         max_new_tokens: int = 128,
         sampling: SamplingParams = SamplingParams(),
-        stop: Sequence[str] = (),
+        stop: str | Sequence[str] = (),
         seed: int | None = 0,
         speculative: bool = True,
     ) -> TokenStream:
@@ -256,7 +258,7 @@ class Pipeline:
             generator=generator,
         )
 
-    def text(self, token_ids: Sequence[int], stop: Sequence[str] = ()) -> str:
+    def text(self, token_ids: Sequence[int], stop: str | Sequence[str] = ()) -> str:
         text = self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
         return StopStrings(self.tokenizer, stop).trim(text) if stop else text
 
@@ -264,8 +266,9 @@ class Pipeline:
         return self.stream(prompt_ids, **kwargs).run()
 
 
-def incremental_text(pipeline: Pipeline, chunks: Iterator[list[int]], stop: Sequence[str] = ()) -> Iterator[str]:
+def incremental_text(pipeline: Pipeline, chunks: Iterator[list[int]], stop: str | Sequence[str] = ()) -> Iterator[str]:
     """Turn streamed token chunks into text pieces, holding back incomplete characters and possible stop-string prefixes."""
+    stop = [stop] if isinstance(stop, str) else stop
     ids: list[int] = []
     shown = 0
     hold = max((len(s) for s in stop), default=1) - 1

@@ -117,6 +117,19 @@ def held_out_indices(categories: Sequence[str], fraction: float, seed: int) -> l
     return sorted(held)
 
 
+def report_split(workdir: Path, data: TeacherData) -> tuple[list[int], list[int]]:
+    """(held-out, training) indices of workdir's data as its `specdecode distill` run split them: with its seed
+    (data.json) and held-out share (report.json; 0.08, the default, where a report does not record it)."""
+    seed = json.loads((Path(workdir) / "data.json").read_text())["seed"]
+    report_file = Path(workdir) / "report.json"
+    report = json.loads(report_file.read_text()) if report_file.is_file() else {}
+    held = held_out_indices(data.categories, report.get("held_out_fraction", 0.08), seed)
+    if "held_out_sequences" in report and len(held) != report["held_out_sequences"]:
+        raise ValueError(f"{workdir}: this split holds out {len(held)} sequences, its report {report['held_out_sequences']} "
+                         "(its data or held-out share changed since)")
+    return held, sorted(set(range(len(data))) - set(held))
+
+
 def choose_output_ids(data: TeacherData, size: int, vocab_size: int, always: list[int]) -> torch.Tensor:
     """The `size` token ids with the most target probability mass in data (plus `always`, e.g. EOS), sorted."""
     if size == 0 or size >= vocab_size:
@@ -349,6 +362,7 @@ def distill(
         "train_sequences": len(train_data),
         "train_positions": train_data.num_positions(),
         "held_out_sequences": len(held),
+        "held_out_fraction": held_out,
         "continue_from": None if continue_from is None else _starting_point(continue_from),
         "parameters": weight_count(model),
         "data_seconds": round(whole["data_seconds"] if whole["data_seconds"] is not None else data_seconds, 1),
