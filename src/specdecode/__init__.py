@@ -1,7 +1,7 @@
 """specdecode: exact speculative decoding (Leviathan, Kalman & Matias, ICML 2023).
 
     >>> from specdecode import Pipeline, SamplingParams
-    >>> pipe = Pipeline.load()                      # SmolLM2-135M-Instruct + n-gram draft
+    >>> pipe = Pipeline.load()                      # SmolLM2-135M-Instruct, bundled EAGLE draft + prompt lookup
     >>> ids = pipe.encode("Name three colours.")
     >>> result = pipe.generate(ids, max_new_tokens=32, sampling=SamplingParams(0.0))
     >>> pipe.text(result.token_ids), result.stats.mean_accepted

@@ -84,7 +84,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-confidence", type=_min_confidence, default=DEFAULT_MIN_CONFIDENCE,
                         help="a draft model (the bundled EAGLE draft, a draft path) ends its draft before gamma tokens after a "
                              f"token it gave a probability below this (default {DEFAULT_MIN_CONFIDENCE}; 0 always drafts gamma)")
-    parser.add_argument("--backend", choices=BACKENDS, default="auto", help="engine: native (fast PyTorch Llama/Qwen2), hf (transformers), auto (default: native where supported)")
+    parser.add_argument("--backend", choices=BACKENDS, default="auto", help="engine: native (fast PyTorch Llama/Qwen2/Mistral), hf (transformers), auto (default: native where supported)")
     parser.add_argument("--packing", choices=PACKINGS, default="auto", help="native engine's layout of the target's linear layers: auto (default: with a draft, whichever of dual and none verifies gamma+1 tokens (at most 3 with a draft model that ends early, as --draft auto's does) faster here, timed once per machine and cached; without one dual, the fastest single token), none (plain weights), packed (oneDNN), dual (both)")
 
 

@@ -62,7 +62,8 @@ def add_parsers(commands) -> None:
     bench.add_argument("--drafts", type=_names, default=None,
                        help="comma-separated drafts, all swept over --gammas: model paths/ids or names make_drafter knows "
                             "(ngram, the bundled draft), plus unigram and bigram (fitted by the bench); "
-                            "default: the bundled draft (if the target has one), ngram, unigram, bigram")
+                            "default: the bundled draft and bundled+ngram (what --draft auto runs) where the target has one, "
+                            "then ngram, unigram, bigram")
     bench.add_argument("--category-drafts", type=_names, default=None,
                        help="drafts also run on every prompt at --gamma for the per-category table (default: all but unigram, bigram)")
     bench.add_argument("--backend", choices=BACKENDS, default="auto", help="engine of specdecode's runs (default auto)")

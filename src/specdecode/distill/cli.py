@@ -63,7 +63,7 @@ def add_parser(commands) -> argparse.ArgumentParser:
     data.add_argument("--german-prompts", type=int, default=_DEFAULTS["german_prompts"],
                       help="how many translation prompts to draw from --german-file (added after the others)")
     data.add_argument("--max-new-tokens", type=int, default=_DEFAULTS["max_new_tokens"], help="length of the target's responses")
-    data.add_argument("--sample-fraction", type=float, default=_DEFAULTS["sample_fraction"], help="share of responses sampled at T=1 (rest greedy)")
+    data.add_argument("--sample-fraction", type=float, default=_DEFAULTS["sample_fraction"], help="share of response batches sampled at T=1 (the rest greedy)")
     data.add_argument("--text-documents", type=int, default=_DEFAULTS["text_documents"], help="natural-text documents (XSum)")
     data.add_argument("--text-file", help="extra natural text: .jsonl with 'text', or paragraphs separated by blank lines")
     data.add_argument("--top-k", type=int, default=_DEFAULTS["top_k"], help="target log-probabilities kept per position")
