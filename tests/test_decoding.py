@@ -81,6 +81,31 @@ def test_stop_condition_keeps_tokens_up_to_the_stop():
     assert result.token_ids == free[:stop_at] and result.finish_reason == "stop"
 
 
+def _stop_after(token: int):
+    """Stops right after `token`; fires on a sequence ending with it only, not on its extensions."""
+    return lambda ids: len(ids) if ids[-1] == token else None
+
+
+@pytest.mark.parametrize("prompt", [[0, 1], [0, 2], [3, 1]])
+def test_a_stop_condition_firing_inside_an_accepted_draft_stops_there(prompt):
+    """The draft is the target itself, so whole drafts are accepted: the condition is asked after each of their
+    tokens, as decoding the target alone asks it, not once after the chunk."""
+    target = TableModel(4, 0)
+    alone = generate(target, prompt, sampling=GREEDY, max_new_tokens=12, stop=_stop_after(3))
+    fast = generate(target, prompt, drafter=ModelDrafter(TableModel(4, 0)), gamma=4, sampling=GREEDY,
+                    max_new_tokens=12, stop=_stop_after(3))
+    assert fast.token_ids == alone.token_ids and fast.finish_reason == alone.finish_reason
+
+
+def test_sampled_outputs_end_at_the_first_stop():
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        result = generate(TableModel(4, 0), PROMPT, drafter=ModelDrafter(TableModel(4, 1)), gamma=4, max_new_tokens=6,
+                          sampling=SamplingParams(1.0), stop=_stop_after(3), generator=generator)
+        assert 3 not in result.token_ids[:-1]
+        assert result.token_ids[-1] == 3 or len(result.token_ids) == 6
+
+
 def test_stream_yields_chunks_that_add_up():
     target = TableModel(16, 0)
     tokens = stream(target, PROMPT, drafter=ModelDrafter(TableModel(16, 0)), gamma=3, max_new_tokens=17, sampling=GREEDY)

@@ -163,6 +163,9 @@ CASES = {
         dict(), lambda v: ModelDrafter(TableModel(v, 1), min_confidence=0.4), SamplingParams(1.0), 8, 3, 3
     ),
     "draft with tokens the target lacks": (dict(), lambda v: _wide_draft(v), SamplingParams(1.0), 8, 3, 2),
+    "model draft ending early, 5 tokens (drafts of 1 to 3)": (
+        dict(), lambda v: ModelDrafter(TableModel(v, 1), min_confidence=0.4), SamplingParams(1.0), 4, 5, 3
+    ),
     "one-hot draft": (dict(), lambda v: SuccessorDrafter(v), SamplingParams(0.9), 8, 3, 2),
     "prompt lookup": (dict(), lambda v: PromptLookupDrafter(max_ngram=2), SamplingParams(1.0), 4, 6, 4),
     "reduced-vocabulary draft": (dict(), lambda v: _reduced_table_draft(v, [1, 3, 4, 6]), SamplingParams(1.0), 8, 3, 2),
@@ -187,7 +190,8 @@ CASES = {
 }
 
 
-SLOW_CASES = {"T=1 gamma=4", "draft == target", "prompt lookup", "distilled draft (native, reduced head)", "lookup then model"}  # 4096 cells, 20000 samples each
+SLOW_CASES = {"T=1 gamma=4", "draft == target", "prompt lookup", "distilled draft (native, reduced head)", "lookup then model",
+              "model draft ending early, 5 tokens (drafts of 1 to 3)"}  # 1024 to 4096 cells, 20000 samples each
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_CASES else n for n in CASES])

@@ -20,7 +20,8 @@ from specdecode.models.base import LanguageModel
 
 __all__ = ["GenerationStats", "GenerationResult", "TokenStream", "StopCondition", "stream", "generate", "check_gamma"]
 
-# Given all generated ids, return None to go on, or how many of them to keep and stop.
+# Given all generated ids, return None to go on, or how many of them to keep and stop. It is asked after every
+# token, also inside an accepted draft, so a condition that fires on a prefix only stops there too.
 StopCondition = Callable[[Sequence[int]], int | None]
 
 
@@ -282,8 +283,9 @@ def _truncate(
         new, reason = new[:room], "length"
     elif len(new) == room and reason is None:
         reason = "length"
-    if stop is not None:
-        keep = stop(generated + new)
-        if keep is not None:
-            return new[: max(0, keep - len(generated))], "stop"
+    if stop is not None:  # after each token, as decoding the target alone checks it
+        for end in range(1, len(new) + 1):
+            keep = stop(generated + new[:end])
+            if keep is not None:
+                return new[: max(0, keep - len(generated))], "stop"
     return new, reason
