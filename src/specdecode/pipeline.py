@@ -99,12 +99,16 @@ def default_gamma(draft: str | None) -> int:
     return AUTO_GAMMA if draft == "auto" else DEFAULT_GAMMA
 
 
+def _stop_list(stop: str | Sequence[str]) -> Sequence[str]:
+    """Stop strings as a sequence: one string (as OpenAI's `stop` may be) is one stop string, not its characters."""
+    return [stop] if isinstance(stop, str) else stop
+
+
 class StopStrings:
-    """Stop condition for the decoding loop: end once the decoded text contains any of `stops` (one string, as
-    OpenAI's `stop` may be, is one stop string, not its characters)."""
+    """Stop condition for the decoding loop: end once the decoded text contains any of `stops` (`_stop_list`)."""
 
     def __init__(self, tokenizer, stops: str | Sequence[str]) -> None:
-        stops = [stops] if isinstance(stops, str) else stops
+        stops = _stop_list(stops)
         if any(not isinstance(s, str) or not s for s in stops):
             raise ValueError(f"stop strings must be non-empty strings, got {list(stops)!r}")
         self.tokenizer = tokenizer
@@ -268,7 +272,7 @@ class Pipeline:
 
 def incremental_text(pipeline: Pipeline, chunks: Iterator[list[int]], stop: str | Sequence[str] = ()) -> Iterator[str]:
     """Turn streamed token chunks into text pieces, holding back incomplete characters and possible stop-string prefixes."""
-    stop = [stop] if isinstance(stop, str) else stop
+    stop = _stop_list(stop)
     ids: list[int] = []
     shown = 0
     hold = max((len(s) for s in stop), default=1) - 1

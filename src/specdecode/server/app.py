@@ -103,7 +103,7 @@ def create_app(pipeline: Pipeline, config: ServerConfig = ServerConfig()) -> Fas
         meta = _Meta("cmpl-" + uuid.uuid4().hex, int(time.time()), engine.model_id)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return _sse(_completion_events(job, meta, include_usage), job)
+            return _EventStream(_completion_events(job, meta, include_usage), job)
         done = await _wait_or_disconnect(job, request)
         return CompletionResponse(
             id=meta.id, created=meta.created, model=meta.model,
@@ -125,7 +125,7 @@ def create_app(pipeline: Pipeline, config: ServerConfig = ServerConfig()) -> Fas
         meta = _Meta("chatcmpl-" + uuid.uuid4().hex, int(time.time()), engine.model_id)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return _sse(_chat_events(job, meta, include_usage), job)
+            return _EventStream(_chat_events(job, meta, include_usage), job)
         done = await _wait_or_disconnect(job, request)
         return ChatCompletionResponse(
             id=meta.id, created=meta.created, model=meta.model,
@@ -255,10 +255,6 @@ async def _disconnected(request: Request) -> None:
     """Returns once the client has gone (the body has been read, so only http.disconnect can arrive)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
-
-
-def _sse(events: AsyncIterator[str], job: Job) -> StreamingResponse:
-    return _EventStream(events, job)
 
 
 class _EventStream(StreamingResponse):
