@@ -67,11 +67,11 @@ def answer_path(ranks: torch.Tensor, n: int, top: int) -> RankPath:
 
 
 def best_tree(ranks: list[torch.Tensor], first: list[int], nodes: int, top: int) -> list[RankPath]:
-    """The `nodes` rank-path prefixes most often the answers' own, over every answer position (prefix-closed;
-    fewer where fewer were ever right)."""
+    """The `nodes` rank-path prefixes most often the answers' own, over every position decoding drafts (all but
+    the first answer token, which the prefill gives); prefix-closed; fewer where fewer were ever right."""
     counts: Counter[RankPath] = Counter()
     for r, f in zip(ranks, first):
-        for n in range(f + 1, r.shape[1]):
+        for n in range(f + 2, r.shape[1]):
             path = answer_path(r, n, top)
             counts.update(path[: k + 1] for k in range(len(path)))
     return [path for path, _ in counts.most_common(nodes)]
@@ -82,7 +82,7 @@ def tree_calls(ids: torch.Tensor, first: int, ranks: torch.Tensor, tree: set[Ran
     """The target calls after the prefill of greedy decoding of the answer in ids [L] (prompt ids[: first + 1]),
     drafting with prompt lookup, else the tree. Call.model_tokens is the tree's depth."""
     answer = len(ids) - first - 1
-    depth = max(map(len, tree))
+    depth = max(map(len, tree), default=0)  # an empty tree: the draft never ranked an answer token in its top
     generated, calls = 1, []
     while generated < answer:
         n = first + 1 + generated

@@ -14,6 +14,7 @@ from mock_models import TableModel
 from tiny_hf import perturbed_copy, save_tiny_checkpoint, tiny_llama, tiny_tokenizer
 
 from specdecode.bench import stats
+from specdecode.bench.config import default_drafts
 from specdecode.bench.measure import Method, Output, Step, run_step, run_steps
 from specdecode.bench.prompts import BenchPrompt, load_prompts, read_spec_bench, select, spread_subset
 from specdecode.bench.report import render
@@ -569,3 +570,19 @@ def test_the_hf_plain_rate_in_the_report_is_the_median_of_its_temperature():
                "config": {"temperatures": [0.0, 1.0]}, "unavailable": []}
     rows = [line for line in _peers(results) if line.startswith("| HF generate (plain)")]
     assert [row.split("|")[3:5] for row in rows] == [[" 2 ", " 20.5 "], [" 1 ", " 5.0 "]]
+
+
+def test_one_prompt_leaves_nothing_to_fit_unigram_and_bigram_on(tiny, tmp_path, capsys):
+    """They are fitted leave-one-out: named, they are refused; in the default drafts, they are dropped and logged."""
+    common = ["bench", "--prompts", str(tiny["prompts"]), "--target", str(tiny["target"]), "--limit", "1",
+              "--gammas", "2", "--gamma", "2", "--max-new-tokens", "4", "--temperatures", "0", "--peers", "none",
+              "--cost-reps", "1"]
+    assert main([*common, "--out", str(tmp_path / "named"), "--drafts", "ngram,bigram"]) == 2
+    assert "drafts: bigram is fitted on the other prompts' greedy outputs" in capsys.readouterr().err
+    assert not (tmp_path / "named" / "results.json").exists()  # refused before the target loads
+
+    assert default_drafts(str(tiny["target"]), "auto") == ("ngram", "unigram", "bigram")  # no bundled draft
+    assert main([*common, "--out", str(tmp_path / "default")]) == 0
+    assert "bench: no unigram or bigram draft: unigram and bigram are fitted" in capsys.readouterr().err
+    results = json.loads((tmp_path / "default" / "results.json").read_text())
+    assert results["config"]["drafts"] == ["ngram"] and results["fit_corpus"] is None

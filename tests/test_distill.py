@@ -458,6 +458,11 @@ def test_distilling_a_draft_cut_from_the_target_keeps_its_embedding_and_stores_i
     assert load_distilled(tmp_path / "draft").model.prefill(torch.tensor([5, 6, 7])).shape == (64,)
     with pytest.raises(ValueError, match=r"other draft settings \(target_layers\)"):  # its init.pt holds a cut draft
         distill(str(target), tmp_path, _data(prompts), DraftArchitecture(output_vocab=40), train, held_out=0.25)
+    older = torch.load(tmp_path / "init.pt", weights_only=True)
+    del older["architecture"]  # as written before init.pt recorded its settings: the kind of embedding still tells
+    torch.save(older, tmp_path / "init.pt")
+    with pytest.raises(ValueError, match=r"does not match target_layers=\[\]"):
+        distill(str(target), tmp_path, _data(prompts), DraftArchitecture(output_vocab=40), train, held_out=0.25)
 
 
 def test_reduced_vocab_lm_is_minus_infinity_outside_the_head():

@@ -52,3 +52,25 @@ def test_bad_options_are_refused_by_name(args, name, capsys):
     with pytest.raises(SystemExit):
         load_script("tree_estimate").main(args)
     assert name in capsys.readouterr().err
+
+
+def test_the_tree_is_chosen_on_the_positions_decoding_drafts():
+    """Position first + 1 (the first answer token) comes from the prefill: its rank path must not choose the tree."""
+    import torch
+
+    script = load_script("tree_estimate")
+    # prompt ids[:2] (first = 1), answer ids[2:6]; ranks [depth 1, L 6]: the draft guessing token j + 1 from j
+    ranks = torch.tensor([[9, 1, 0, 0, 0, 2]])  # token 2 (the first answer token) at rank 1; tokens 3-5 at rank 0
+    assert script.best_tree([ranks], [1], 4, 2) == [(0,)]  # room for 4 nodes, but rank 1 was never drafted
+
+
+def test_a_draft_that_never_ranks_the_answer_makes_an_empty_tree_that_replays():
+    import torch
+
+    script = load_script("tree_estimate")
+    ranks = torch.full((2, 6), 2)  # top 2: no answer token is ever among the draft's two best
+    tree = script.best_tree([ranks], [1], 4, 2)
+    assert tree == []
+    ids = torch.tensor([5, 6, 7, 8, 9, 10])  # nothing to copy from the prompt either
+    calls = script.tree_calls(ids, 1, ranks, set(tree), 3, 2, 16)
+    assert [c.new_tokens for c in calls] == [1, 1, 1] and all(c.model_tokens == 0 for c in calls)

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from specdecode.bench import plots, report
-from specdecode.bench.config import STATISTICAL_DRAFTS, BenchConfig
+from specdecode.bench.config import STATISTICAL_DRAFTS, BenchConfig, default_drafts
 from specdecode.bench.costs import summarize_costs, time_extend
 from specdecode.bench.measure import Method, Step, run_steps
 from specdecode.bench.methods import FIT_CORPUS, LeaveOneOut, model_of, speculative, target_alone
@@ -93,6 +93,8 @@ def run_bench(config: BenchConfig, log: Callable[[str], None] = _warn) -> dict:
     started = time.perf_counter()
 
     prompts = select(load_prompts(cfg.prompts), cfg.per_category, cfg.categories)
+    defaulted = cfg.drafts == default_drafts(cfg.target, cfg.backend)  # not named by the user (or named as the default)
+    cfg = _fittable(cfg, defaulted, min(len(prompts), cfg.limit or len(prompts)), log)  # before the (slow) load
     log(f"bench: loading {cfg.target} ({cfg.backend}) and drafts {', '.join(cfg.drafts)}")
     # the target's layout is chosen for the per-category drafts' verification at the headline gamma (the most
     # tokens per call any of them feeds); the baseline runs on the same one
@@ -101,6 +103,7 @@ def run_bench(config: BenchConfig, log: Callable[[str], None] = _warn) -> dict:
     pipeline = Pipeline.load(cfg.target, draft="none", gamma=cfg.gamma, backend=cfg.backend, packing=cfg.packing,
                              rows_per_call=rows)
     prompts, encoded, skipped, sweep = _prepare(cfg, pipeline, prompts, log)
+    cfg = _fittable(cfg, defaulted, len(prompts), log)  # a prompt too long for the context may have left one
     model_specs = [d for d in cfg.drafts if d not in STATISTICAL_DRAFTS]
     drafters = {spec: make_drafter(spec, pipeline.target, cfg.backend, cfg.min_confidence) for spec in model_specs}
     cfg = _drop_duplicates(cfg, drafters, log)
@@ -160,6 +163,22 @@ def _prepare(cfg: BenchConfig, pipeline: Pipeline, prompts: list, log) -> tuple[
         prompts, encoded = [prompts[i] for i in keep], [encoded[i] for i in keep]
     sweep = set(spread_subset(prompts, cfg.sweep_prompts, [len(e) for e in encoded]))
     return prompts, encoded, skipped, sweep
+
+
+def _fittable(cfg: BenchConfig, defaulted: bool, prompts: int, log) -> BenchConfig:
+    """unigram and bigram are fitted on the other prompts' outputs: with one prompt they would be fitted on
+    nothing. Refused when asked for by name; dropped, with a line in the log, from the default drafts."""
+    fitted = [d for d in cfg.drafts if d in STATISTICAL_DRAFTS]
+    if prompts > 1 or not fitted:
+        return cfg
+    why = (f"{' and '.join(fitted)} {'are' if len(fitted) > 1 else 'is'} fitted on the other prompts' greedy outputs "
+           "(leave-one-out), which needs at least 2 prompts; this run has 1")
+    if not defaulted:
+        raise ValueError(f"drafts: {why}")
+    log(f"bench: no {' or '.join(fitted)} draft: {why}")
+    if any(d in STATISTICAL_DRAFTS for d in cfg.category_drafts):
+        raise ValueError(f"category_drafts: {why}")
+    return replace(cfg, drafts=tuple(d for d in cfg.drafts if d not in STATISTICAL_DRAFTS))
 
 
 def _drop_duplicates(cfg: BenchConfig, drafters: dict, log) -> BenchConfig:

@@ -309,8 +309,12 @@ def read_gguf(path: str | os.PathLike) -> tuple[NativeConfig, dict[str, torch.Te
     if "token_embd.weight" not in tensors:
         raise ValueError(f"{path}: GGUF file has no token_embd.weight")
     unknown = sorted(name for name in tensors if _hf_name(name) is None)
-    if unknown:  # e.g. rope_freqs.weight (Llama 3.1 frequency factors): refuse rather than run a different model
-        raise ValueError(f"{path}: unsupported GGUF tensors {unknown[:5]}")
+    if unknown:  # refuse rather than run a different model
+        hint = ""
+        if "rope_freqs.weight" in unknown:  # transformers' GGUF loader drops these factors too: no backend runs it
+            hint = ("; rope_freqs.weight holds Llama 3.1-style RoPE frequency factors: load the model's safetensors "
+                    "checkpoint instead, whose config.json names its rope scaling")
+        raise ValueError(f"{path}: unsupported GGUF tensors {unknown[:5]}{hint}")
     vocab_size = int(tensors["token_embd.weight"].shape[-1])
     biases = {
         "attention_bias": "blk.0.attn_q.bias" in tensors,
