@@ -175,9 +175,9 @@ def _fittable(cfg: BenchConfig, defaulted: bool, prompts: int, log) -> BenchConf
            "(leave-one-out), which needs at least 2 prompts; this run has 1")
     if not defaulted:
         raise ValueError(f"drafts: {why}")
-    log(f"bench: no {' or '.join(fitted)} draft: {why}")
     if any(d in STATISTICAL_DRAFTS for d in cfg.category_drafts):
         raise ValueError(f"category_drafts: {why}")
+    log(f"bench: no {' or '.join(fitted)} draft: {why}")
     return replace(cfg, drafts=tuple(d for d in cfg.drafts if d not in STATISTICAL_DRAFTS))
 
 
