@@ -213,7 +213,7 @@ def test_speculative_samples_match_target_distribution(name):
 def test_eagle_samples_match_native_target_distribution(sampling, min_confidence, length):
     """The EAGLE drafter, reading a native target's features (its cache and the target's rolled back each step);
     with min_confidence its drafts end early wherever its own q is unsure. At 3 tokens every draft is one token
-    long (the prefill gives the first); at 5, drafts of up to 3 tokens (2.6 on average) chain the network's own
+    long (the prefill gives the first); at 5, drafts of up to 3 tokens (1.8 on average) chain the network's own
     features, and top-k keeps the enumeration at 3^5 cells."""
     target, drafter = _eagle_case([0, 2, 3, 5, 7], min_confidence)
     if length > 3:  # the case does draft several tokens at once
