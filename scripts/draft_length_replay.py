@@ -11,11 +11,11 @@ it being the answer's own, `EagleObjective.logits_by_depth`), which is what the 
 tokens before it were accepted; so the accepted tokens, target calls and tokens per call are decoding's (up to
 float rounding of the batched features), and only the length of drafts whose earlier tokens were rejected, or
 that run past an answer's EOS (counted without an early end there), is approximate. The predictions are the
-draft's float32 weights' (decoding drafts on int8 where the kernel runs: alpha within 0.006, docs/distill.md). The time of a call is the target's T(draft tokens + 1) plus the
-draft's time for its model tokens, both timed here as `generate --draft auto` runs them (the target's layout
-chosen for 3-token calls, the draft on int8 weights where the kernel runs); the predicted speedup of an
-answer is its length times T(1) over that, the prefill counted as one T(1) in both. Greedy only: at T > 0
-acceptance is random.
+draft's float32 weights' (decoding drafts on int8 where the kernel runs: alpha within 0.006, docs/distill.md).
+The time of a call is the target's T(draft tokens + 1) plus the draft's time for its model tokens, both timed
+here as `generate --draft auto` runs them (the target's layout chosen for 3-token calls, the draft on int8
+weights where the kernel runs); the predicted speedup of an answer is its length times T(1) over that, the
+prefill counted as one T(1) in both. Greedy only: at T > 0 acceptance is random.
 """
 
 from __future__ import annotations
