@@ -354,6 +354,17 @@ def test_missing_prompt_file_exits_2(capsys, dirs, tmp_path):
     assert "prompt-file" in err and "not found" in err
 
 
+def test_prompt_file_without_questions_exits_2(capsys, dirs, tmp_path):
+    """A file of blank lines is refused up front, as `bench --prompts` refuses it, not run as zero prompts."""
+    path = tmp_path / "blank.jsonl"
+    path.write_text("\n  \n")
+    with pytest.raises(SystemExit) as info:
+        main(["generate", "--prompt-file", str(path), "--target", str(dirs["target"])])
+    assert info.value.code == 2
+    out = capsys.readouterr()
+    assert "prompt-file" in out.err and "holds no questions" in out.err and out.out == ""
+
+
 def test_bad_limit_exits_2(capsys, dirs, tmp_path):
     path = _write_questions(tmp_path / "q.jsonl", QUESTIONS)
     with pytest.raises(SystemExit) as info:

@@ -15,7 +15,7 @@ from specdecode.distill import cli as distill_cli
 from specdecode.decoding import GenerationResult, GenerationStats
 from specdecode.models.loading import DEFAULT_TARGET
 from specdecode.drafters.base import check_min_confidence
-from specdecode.questions import first_turn
+from specdecode.questions import read_questions
 from specdecode.pipeline import AUTO_GAMMA, DEFAULT_DRAFT, DEFAULT_GAMMA, DEFAULT_MIN_CONFIDENCE, Pipeline, incremental_text
 
 __all__ = ["main", "build_parser"]
@@ -124,18 +124,11 @@ def _prompts(args) -> list[tuple[dict, str]]:
         if not args.prompt.strip():
             raise ValueError("prompt must be a non-empty string")
         return [({}, args.prompt)]
-    if not args.prompt_file.is_file():
-        raise ValueError(f"prompt-file: {args.prompt_file} not found")
-    prompts = []
-    for number, line in enumerate(args.prompt_file.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-            turn = first_turn(record)
-        except ValueError as error:  # json's errors too
-            raise ValueError(f"prompt-file: line {number} is not a Spec-Bench question with 'turns' ({error})") from error
-        prompts.append(({k: record[k] for k in ("question_id", "category") if k in record}, turn))
+    try:
+        questions = read_questions(args.prompt_file)
+    except ValueError as error:
+        raise ValueError(f"prompt-file: {error}") from error
+    prompts = [({k: record[k] for k in ("question_id", "category") if k in record}, turn) for _, record, turn in questions]
     if args.limit is not None:
         if args.limit < 1:
             raise ValueError(f"limit must be >= 1, got {args.limit}")

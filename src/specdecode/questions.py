@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-__all__ = ["first_turn"]
+import gzip
+import json
+from pathlib import Path
+
+__all__ = ["first_turn", "read_questions"]
 
 
 def first_turn(record: object) -> str:
@@ -13,3 +17,29 @@ def first_turn(record: object) -> str:
     if not isinstance(turns[0], str) or not turns[0].strip():
         raise ValueError("its first turn is not a non-empty string")
     return turns[0]
+
+
+def read_questions(path: Path) -> list[tuple[int, dict, str]]:
+    """(line number, record, first turn) of each question of a JSONL file (gzipped if it ends in .gz).
+
+    Blank lines are skipped. A ValueError names the first line that is not a question, or says
+    that the file is missing or holds none; callers prefix it with their parameter's name.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path} not found")
+    questions = []
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                turn = first_turn(record)
+            except ValueError as error:  # json's errors too
+                raise ValueError(f"line {number} of {path} is not a Spec-Bench question with 'turns' ({error})") from error
+            questions.append((number, record, turn))
+    if not questions:
+        raise ValueError(f"{path} holds no questions")
+    return questions

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specdecode.distill.sources import package_file
-from specdecode.questions import first_turn
+from specdecode.questions import read_questions
 
 __all__ = ["BenchPrompt", "BUILTIN_TASKS", "load_prompts", "select", "spread_subset", "read_spec_bench"]
 
@@ -47,17 +47,14 @@ def read_spec_bench(path: Path) -> list[BenchPrompt]:
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"prompts: {path} not found (give a Spec-Bench JSONL file or one of {', '.join(BUILTIN_TASKS)})")
-    prompts = []
-    for number, line in _jsonl(path):
-        try:
-            record = json.loads(line)
-            turn = first_turn(record)
-        except ValueError as error:  # json's errors too
-            raise ValueError(f"prompts: line {number} of {path} is not a Spec-Bench question with 'turns' ({error})") from error
-        prompts.append(BenchPrompt(record.get("question_id", number), str(record.get("category", "uncategorized")), turn))
-    if not prompts:
-        raise ValueError(f"prompts: {path} holds no questions")
-    return prompts
+    try:
+        questions = read_questions(path)
+    except ValueError as error:
+        raise ValueError(f"prompts: {error}") from error
+    return [
+        BenchPrompt(record.get("question_id", number), str(record.get("category", "uncategorized")), turn)
+        for number, record, turn in questions
+    ]
 
 
 def _humaneval() -> list[BenchPrompt]:
