@@ -4,6 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PROMPT ?= Write a short story that repeats the line: the quick brown fox jumps over the lazy dog.
 STAMP := $(VENV)/.specdecode-installed
+LLAMA_STAMP := $(VENV)/.llama-cpp-installed
 
 .PHONY: setup demo test test-fast distill clean
 
@@ -17,7 +18,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -e ".[test]"
 	touch $(STAMP)
 
-setup: $(STAMP)
+# The llama.cpp engine: llama-cpp-python is source only on PyPI, so the script builds its library for this
+# CPU (about 1.5 min on 2 cores, once per machine: the wheel is kept in ~/.cache/specdecode/llama-cpp-wheels).
+$(LLAMA_STAMP): $(STAMP) scripts/install_llama_cpp.sh
+	bash scripts/install_llama_cpp.sh $(BIN)/python 0.3.36
+	touch $(LLAMA_STAMP)
+
+setup: $(STAMP) $(LLAMA_STAMP)
 
 demo: setup
 	$(BIN)/specdecode generate --compare "$(PROMPT)"

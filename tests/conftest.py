@@ -49,3 +49,12 @@ def private_layout_cache(request, tmp_path_factory, monkeypatch) -> None:
     test = hashlib.sha256(request.node.nodeid.encode()).hexdigest()[:16]  # created only when a choice is cached
     directory = tmp_path_factory.getbasetemp() / "layouts" / test
     monkeypatch.setattr(layout, "layout_cache_dir", lambda: directory)
+
+
+@pytest.fixture(autouse=True)
+def private_timing_cache(request, tmp_path_factory, monkeypatch) -> None:
+    """Timed costs and engine choices (`specdecode.timing_cache`) go to a directory of this test, not the user's cache."""
+    from specdecode import timing_cache
+
+    test = hashlib.sha256(request.node.nodeid.encode()).hexdigest()[:16]
+    monkeypatch.setattr(timing_cache, "timing_root", lambda: tmp_path_factory.getbasetemp() / "timings" / test)

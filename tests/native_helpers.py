@@ -51,11 +51,13 @@ def write_tiny_gguf(
     permute: bool | None = None,
     eos_token_id: int | None = 1,
     extra_tensors: dict[str, np.ndarray] | None = None,
+    vocabulary: list[str] | None = None,
 ) -> Path:
     """Write a Llama/Qwen2 `transformers` model as an F32 GGUF file (llama.cpp layout and metadata).
 
     q/k weights (and biases) are permuted as llama.cpp does for the 'llama' architecture
-    (permute=None: only for arch 'llama'); a tied model gets no output.weight.
+    (permute=None: only for arch 'llama'); a tied model gets no output.weight. vocabulary: the tokens, written
+    as a SentencePiece-style vocabulary (ids 0-2 control tokens), which llama.cpp needs to load the file.
     """
     config = model.config
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
@@ -79,6 +81,13 @@ def write_tiny_gguf(
     writer.add_vocab_size(config.vocab_size)
     if eos_token_id is not None:
         writer.add_eos_token_id(eos_token_id)
+    if vocabulary is not None:
+        from gguf import TokenType
+
+        writer.add_tokenizer_model("llama")
+        writer.add_token_list(vocabulary)
+        writer.add_token_scores([0.0] * len(vocabulary))
+        writer.add_token_types([TokenType.CONTROL if i < 3 else TokenType.NORMAL for i in range(len(vocabulary))])
     tied = bool(config.tie_word_embeddings)
     for name, tensor in model.state_dict().items():
         if tied and name == "lm_head.weight":

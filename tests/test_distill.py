@@ -589,7 +589,7 @@ def test_bundled_draft_is_an_eagle_draft_of_the_default_target_and_drafts_for_it
     path = bundled_draft_dir(DEFAULT_TARGET)
     assert path is not None, "the default target's bundled draft is missing from the package"
     assert is_eagle_draft(path)
-    target = load(DEFAULT_TARGET)
+    target = load(DEFAULT_TARGET, "native")  # the EAGLE draft reads the native engine's features
     network, output_ids, config = load_eagle(path)
     assert config["target"] == DEFAULT_TARGET and network.config.hidden_size == target.model.config.hidden_size
     drafter = make_drafter("auto", target)  # the default: 'bundled+ngram', its tokenizer checked against the target's
@@ -851,7 +851,8 @@ def test_eagle_distillation_resumes_to_the_same_draft_and_refuses_another_kinds_
     monkeypatch.setattr(train_module, "time", SimpleNamespace(perf_counter=lambda: 0.0))  # the resumed run takes none
     report = distill(str(target), tmp_path, _data(prompts), EAGLE, EAGLE_TRAIN, held_out=0.25)
     assert report["train_seconds"] == before >= 60 and report["timed"] == {"data_seconds": "all runs", "train_seconds": "all runs"}
-    assert report["data_seconds"] == eagle_distilled[1]["data_seconds"] > 0  # the copied shards' own time
+    # the copied shards' own time (rounded to 0.1 s: on a fast CPU the tiny data takes less than 0.05 s)
+    assert report["data_seconds"] == eagle_distilled[1]["data_seconds"] >= 0
     assert f"training {before / 60:.0f} min on the machine" in (tmp_path / "draft" / "README.md").read_text()
     reference = load_eagle(eagle_distilled[0] / "draft")[0].state_dict()
     for name, tensor in load_eagle(tmp_path / "draft")[0].state_dict().items():

@@ -17,6 +17,7 @@ import torch
 from mock_models import SuccessorDrafter, TableModel
 from scipy.stats import chisquare
 
+from specdecode.core.draft_length import AdaptiveDraftLength, CostProfile
 from specdecode.core.sampling import SamplingParams, probabilities
 from specdecode.decoding import generate
 from specdecode.drafters import BigramDrafter, LookupThenModelDrafter, ModelDrafter, PromptLookupDrafter, UnigramDrafter
@@ -32,10 +33,11 @@ PROMPT = [0, 1]
 P_VALUE_FLOOR = 1e-3
 
 
-def chi_square_pvalue(target, drafter, sampling, length, gamma, samples, seed=0) -> tuple[float, float]:
+def chi_square_pvalue(target, drafter, sampling, length, gamma, samples, seed=0, draft_length=None) -> tuple[float, float]:
     """(p-value, total variation) of speculative samples against the exact distribution.
 
     target: a TableModel, or a NativeLM (its distribution enumerated with its own forward passes).
+    draft_length: a factory of a fresh cost-aware draft length for each sample (None: gamma every call).
     """
     if isinstance(target, NativeLM):
         exact = native_sequence_distribution(target, PROMPT, length, sampling)
@@ -45,7 +47,8 @@ def chi_square_pvalue(target, drafter, sampling, length, gamma, samples, seed=0)
     counts: Counter = Counter()
     for _ in range(samples):
         result = generate(
-            target, PROMPT, drafter=drafter, gamma=gamma, max_new_tokens=length, sampling=sampling, generator=g
+            target, PROMPT, drafter=drafter, gamma=gamma, max_new_tokens=length, sampling=sampling, generator=g,
+            draft_length=None if draft_length is None else draft_length(),
         )
         counts[tuple(result.token_ids)] += 1
     impossible = [seq for seq in counts if seq not in exact]
@@ -228,6 +231,27 @@ def test_eagle_samples_match_native_target_distribution(sampling, min_confidence
                              generator=torch.Generator().manual_seed(0)).stats
             return stats.draft_tokens / stats.draft_calls
         assert tokens_per_draft((target, drafter)) < tokens_per_draft(_eagle_case([0, 2, 3, 5, 7])) - 0.2
+
+
+# Verification costs that make the cost-aware draft length switch: 3 draft tokens while the draft's estimated
+# acceptance is high, none once rejections bring it down (as llama.cpp's costs here do).
+SWITCHING_COSTS = CostProfile({1: 1.0, 2: 1.3, 3: 1.45, 4: 1.6, 5: 3.0})
+
+
+@pytest.mark.slow
+def test_cost_aware_draft_lengths_keep_the_target_distribution():
+    """`--draft auto`'s draft length: chosen per call from the costs and earlier calls' acceptance, 0 included."""
+    target, drafter, sampling = TableModel(4, 0), _draft(4), SamplingParams(1.0)
+    lengths: Counter = Counter()
+    for seed in range(20):
+        stats = generate(target, PROMPT, drafter=drafter, gamma=4, max_new_tokens=6, sampling=sampling,
+                         generator=torch.Generator().manual_seed(seed),
+                         draft_length=AdaptiveDraftLength(SWITCHING_COSTS, 4)).stats
+        lengths.update(stats.draft_lengths)
+    assert lengths[0] > 0 and sum(n for g, n in lengths.items() if g >= 2) > 0, lengths  # it does switch
+    pvalue, tv = chi_square_pvalue(target, drafter, sampling, 6, 4, 20000,
+                                   draft_length=lambda: AdaptiveDraftLength(SWITCHING_COSTS, 4))
+    assert pvalue > P_VALUE_FLOOR, f"cost-aware draft length: chi-square p-value {pvalue:.2e}, total variation {tv:.3f}"
 
 
 def test_draft_equal_to_target_accepts_everything():

@@ -109,7 +109,7 @@ def test_an_unreadable_cache_file_is_timed_again_and_replaced(caplog) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("{not json")
     choice = layout.choose_packing(model, 2)
-    assert not choice.cached and "ignoring the layout cache file" in caplog.text
+    assert not choice.cached and "ignoring the cache file" in caplog.text
     assert json.loads(path.read_text())["packing"] == choice.packing
 
 

@@ -1,16 +1,32 @@
-"""Choosing the engine a model runs on: the native PyTorch engine or Hugging Face transformers."""
+"""Choosing the engine a model runs on: llama.cpp, the native PyTorch engine, or Hugging Face transformers.
+
+'auto' runs a GGUF file on whichever of llama.cpp and the native engine decodes it faster on this
+machine (timed once, one token per call after a short context, and cached like the layout choice);
+other models on the native engine where it supports them, else on transformers.
+"""
 
 from __future__ import annotations
 
+import gc
 import json
+import logging
+import statistics
+import time
+from importlib import metadata
 from pathlib import Path
 
+import torch
+
+from specdecode.llamacpp.binding import llamacpp_available
 from specdecode.models.loading import DEFAULT_TARGET, LoadedModel, load_model
 from specdecode.native.config import PACKINGS, check_packing
 
-__all__ = ["BACKENDS", "PACKINGS", "load", "native_supports"]
+__all__ = ["BACKENDS", "PACKINGS", "load", "native_supports", "fastest_gguf_engine", "is_gguf"]
 
-BACKENDS = ("auto", "native", "hf")
+logger = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "llamacpp", "native", "hf")
+_ENGINE_CHOICE_VERSION = 1  # bump when how the engines are timed changes
 
 
 def native_supports(name_or_path: str) -> bool:
@@ -48,17 +64,88 @@ def _gguf_architecture(path: Path) -> str | None:
     return None if field is None else bytes(field.parts[field.data[0]]).decode()
 
 
-def load(name_or_path: str, backend: str = "auto", packing: str = "auto", rows_per_call: int = 1) -> LoadedModel:
-    """Load a model on `backend`: 'native', 'hf', or 'auto' (native when supported, else hf).
+def is_gguf(name_or_path: str) -> bool:
+    """Whether the model is a GGUF file: the default model, or a path ending in .gguf."""
+    return name_or_path == DEFAULT_TARGET or Path(name_or_path).suffix == ".gguf"
+
+
+def _time_single_tokens(model, reps: int = 16) -> float:
+    """Median seconds of one-token extends after a 32-token prompt (the first call untimed)."""
+    model.prefill(torch.arange(32) % model.vocab_size)
+    times = []
+    for rep in range(reps + 1):
+        start = time.perf_counter()
+        model.extend(torch.tensor([rep % model.vocab_size]))
+        if rep:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def fastest_gguf_engine(name_or_path: str, threads: int | None = None) -> str:
+    """'llamacpp' or 'native': which decodes this GGUF file faster on this machine, timed once and cached.
+
+    'native' without timing where the llama-cpp-python binding is not installed.
+    """
+    from specdecode.llamacpp.engine import default_threads
+    from specdecode.llamacpp.loading import gguf_path
+    from specdecode.timing_cache import cpu_name, read_timing, timing_file, write_timing
+
+    if not llamacpp_available():
+        logger.info("the llama.cpp engine is not installed; %s runs on the native engine", name_or_path)
+        return "native"
+    path = gguf_path(name_or_path)
+    stat = path.stat()
+    key = {"cpu": cpu_name(), "file": [str(path.resolve()), stat.st_size, stat.st_mtime_ns],
+           "threads": threads or default_threads(), "torch_threads": torch.get_num_threads(),
+           "torch": torch.__version__, "llama_cpp": metadata.version("llama_cpp_python"),
+           "version": _ENGINE_CHOICE_VERSION}
+    cache = timing_file("engines", key)
+    record = read_timing(cache, key)
+    if record is not None:
+        return record["engine"]
+    from specdecode.llamacpp.loading import load_llamacpp
+    from specdecode.native.loading import load_native
+
+    seconds = {}
+    for engine, loader in (("llamacpp", lambda: load_llamacpp(path, threads=threads, max_length=256)),
+                           ("native", lambda: load_native(path))):
+        loaded = loader()
+        seconds[engine] = _time_single_tokens(loaded.model)
+        del loaded
+        gc.collect()
+    engine = min(seconds, key=seconds.get)
+    write_timing(cache, key, {"engine": engine, "seconds_per_token": seconds})
+    logger.warning("engine for %s on this machine: %s (one token: %s ms; timed once, cached in %s)", path.name, engine,
+                   {name: round(1000 * t, 2) for name, t in seconds.items()}, cache.parent)
+    return engine
+
+
+def load(name_or_path: str, backend: str = "auto", packing: str = "auto", rows_per_call: int = 1,
+         threads: int | None = None) -> LoadedModel:
+    """Load a model on `backend`: 'llamacpp', 'native', 'hf', or 'auto' (a GGUF file on the faster of llama.cpp
+    and native here, `fastest_gguf_engine`; other models native when supported, else hf).
 
     packing: the native engine's layout of the linear layers (`specdecode.native.fast`); a packing
     other than 'auto' needs the native engine. rows_per_call: the tokens most calls will feed (gamma + 1
     for a target verifying gamma draft tokens), which 'auto' chooses the layout for (`NativeLM`).
+    threads: llama.cpp's threads (default: all cores); the other engines use torch's.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     check_packing(packing)  # before the (slow) load
-    if backend == "native" or (backend == "auto" and native_supports(str(name_or_path))):
+    name_or_path = str(name_or_path)
+    if backend == "auto" and is_gguf(name_or_path) and packing == "auto":
+        if native_supports(name_or_path):
+            backend = fastest_gguf_engine(name_or_path, threads)
+        elif llamacpp_available():  # an architecture the native engine lacks: llama.cpp runs (or refuses) it
+            backend = "llamacpp"
+    if backend == "llamacpp":
+        if packing != "auto":
+            raise ValueError(f"packing={packing!r} is the native engine's; the llama.cpp engine has no such option")
+        from specdecode.llamacpp.loading import load_llamacpp
+
+        return load_llamacpp(name_or_path, threads=threads)
+    if backend == "native" or (backend == "auto" and native_supports(name_or_path)):
         from specdecode.native.loading import load_native
 
         return load_native(name_or_path, packing=packing, rows_per_call=rows_per_call)

@@ -68,6 +68,17 @@ def _gamma(text: str) -> int:
     return gamma
 
 
+def _threads(text: str) -> int:
+    """argparse type of --threads: an integer >= 1."""
+    try:
+        threads = int(text)
+    except ValueError:
+        threads = 0
+    if threads < 1:
+        raise argparse.ArgumentTypeError(f"threads must be an integer >= 1, got {text!r}")
+    return threads
+
+
 def _min_confidence(text: str) -> float:
     """argparse type of --min-confidence: a number in [0, 1]."""
     try:
@@ -84,7 +95,8 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-confidence", type=_min_confidence, default=DEFAULT_MIN_CONFIDENCE,
                         help="a draft model (the bundled EAGLE draft, a draft path) ends its draft before gamma tokens after a "
                              f"token it gave a probability below this (default {DEFAULT_MIN_CONFIDENCE}; 0 always drafts gamma)")
-    parser.add_argument("--backend", choices=BACKENDS, default="auto", help="engine: native (fast PyTorch Llama/Qwen2/Mistral), hf (transformers), auto (default: native where supported)")
+    parser.add_argument("--backend", choices=BACKENDS, default="auto", help="engine: llamacpp (llama.cpp, GGUF files), native (fast PyTorch Llama/Qwen2/Mistral), hf (transformers), auto (default: a GGUF file on whichever of llamacpp and native decodes it faster here, timed once and cached; other models native where supported)")
+    parser.add_argument("--threads", type=_threads, default=None, help="llama.cpp's threads (default: every core this process may use)")
     parser.add_argument("--packing", choices=PACKINGS, default="auto", help="native engine's layout of the target's linear layers: auto (default: with a draft, whichever of dual and none verifies gamma+1 tokens (at most 3 with a draft model that ends early, as --draft auto's does) faster here, timed once per machine and cached; without one dual, the fastest single token), none (plain weights), packed (oneDNN), dual (both)")
 
 
@@ -106,12 +118,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(error))  # exits with status 2
     try:
         pipeline = Pipeline.load(args.target, args.draft, args.gamma, args.backend, args.packing,
-                                 min_confidence=args.min_confidence)
+                                 min_confidence=args.min_confidence, threads=args.threads)
         _warm_up(pipeline)
         progress = _progress(prompts, enabled=args.prompt_file is not None and sys.stderr.isatty())
         for extra, prompt in progress:
             _run_one(pipeline, prompt, extra, sampling, args)
-    except (ValueError, FileNotFoundError) as error:  # bad model paths, incompatible pairs, prompts too long
+    except (ValueError, FileNotFoundError, ImportError) as error:  # bad model paths, incompatible pairs, prompts too long, no llama.cpp binding
         print(f"specdecode: error: {error}", file=sys.stderr)
         return 2
     return 0
@@ -210,12 +222,17 @@ def _summary(result: GenerationResult, baseline: GenerationResult | None, sampli
     s = result.stats
     alpha = "n/a" if s.alpha is None else f"{s.alpha:.2f}"
     draft = pipeline.drafter.name if pipeline.drafter else "none"
+    gamma = f"gamma<={pipeline.gamma} by cost" if pipeline.costs is not None else f"gamma={pipeline.gamma}"
+    engine = type(pipeline.target.model).__name__
     line = (
-        f"[{draft} gamma={pipeline.gamma}] {_rates(s)}, "
+        f"[{draft} {gamma}] {_rates(s)}, "
         f"{s.target_calls} target calls, {s.mean_accepted:.2f} tokens/call, alpha {alpha}, "
         f"time target {s.target_seconds:.2f}s / draft {s.draft_seconds:.2f}s / other {s.overhead_seconds:.2f}s, "
-        f"finish: {result.finish_reason}"
+        f"finish: {result.finish_reason}, engine {engine}"
     )
+    if pipeline.costs is not None:
+        lengths = ", ".join(f"{g}: {n}" for g, n in sorted(s.draft_lengths.items()))
+        line += f"\n  draft tokens per call -> calls: {lengths}"
     if baseline is not None:
         speedup, after_first = _speedup(result, baseline), _speedup(result, baseline, after_first_token=True)
         line += f"\n[target alone] {_rates(baseline.stats)}"
@@ -246,9 +263,9 @@ def _serve(parser: argparse.ArgumentParser, args) -> int:
         parser.error(str(error))  # exits with status 2
     try:
         pipeline = Pipeline.load(args.target, args.draft, args.gamma, args.backend, args.packing,
-                                 min_confidence=args.min_confidence)
+                                 min_confidence=args.min_confidence, threads=args.threads)
         _warm_up(pipeline)
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, FileNotFoundError, ImportError) as error:
         print(f"specdecode: error: {error}", file=sys.stderr)
         return 2
     serve(pipeline, config, host=args.host, port=args.port, log_level=args.log_level)

@@ -13,9 +13,10 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from specdecode.core.draft_length import AdaptiveDraftLength
 from specdecode.core.sampling import SamplingParams, probabilities, sample
 from specdecode.core.verification import verify, verify_greedy
-from specdecode.drafters.base import Draft, Drafter
+from specdecode.drafters.base import Draft, Drafter, draft_sources
 from specdecode.models.base import LanguageModel
 
 __all__ = ["GenerationStats", "GenerationResult", "TokenStream", "StopCondition", "stream", "generate", "check_gamma"]
@@ -38,6 +39,7 @@ class GenerationStats:
     rejections: int = 0  # proposals that ended in a rejection
     proposed_per_position: list[int] = field(default_factory=list)  # [gamma]: draft tokens that reached position i
     accepted_per_position: list[int] = field(default_factory=list)  # [gamma]: ... and were accepted there
+    draft_lengths: dict[int, int] = field(default_factory=dict)  # draft tokens verified -> target calls (after the prefill)
     seconds: float = 0.0
     first_token_seconds: float = 0.0  # until the first new token: the prefills of target and draft
     target_seconds: float = 0.0
@@ -127,11 +129,14 @@ def stream(
     eos_token_ids: Collection[int] = (),
     stop: StopCondition | None = None,
     generator: torch.Generator | None = None,
+    draft_length: AdaptiveDraftLength | None = None,
 ) -> TokenStream:
     """Speculative decoding of prompt_ids [P] with `target`, drafting with `drafter`.
 
-    With drafter=None the loop decodes the target alone. Validation happens here,
-    before anything runs, so bad arguments fail at the call.
+    With drafter=None the loop decodes the target alone. draft_length: choose each call's draft length
+    (at most gamma, possibly 0) from measured costs and the acceptance of earlier calls
+    (`core.draft_length`); None drafts up to gamma every call. Validation happens here, before anything
+    runs, so bad arguments fail at the call.
     """
     prompt = torch.as_tensor(prompt_ids, dtype=torch.long)
     if prompt.dim() != 1 or prompt.numel() == 0:
@@ -143,9 +148,10 @@ def stream(
         raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
     if int(prompt.min()) < 0 or int(prompt.max()) >= target.vocab_size:
         raise ValueError(f"prompt_ids must lie in [0, {target.vocab_size}) (the target's vocabulary)")
-    return TokenStream(
-        _loop(target, prompt, drafter, gamma, max_new_tokens, sampling, frozenset(eos_token_ids), stop, generator)
-    )
+    if draft_length is not None and draft_length.max_gamma < gamma:
+        raise ValueError(f"draft_length chooses up to {draft_length.max_gamma} tokens, fewer than gamma = {gamma}")
+    return TokenStream(_loop(target, prompt, drafter, gamma, max_new_tokens, sampling, frozenset(eos_token_ids), stop,
+                             generator, draft_length))
 
 
 def generate(target: LanguageModel, prompt_ids: torch.Tensor | Sequence[int], **kwargs) -> GenerationResult:
@@ -176,6 +182,7 @@ def _loop(
     eos: frozenset[int],
     stop: StopCondition | None,
     generator: torch.Generator | None,
+    draft_length: AdaptiveDraftLength | None,
 ) -> Generator[list[int], None, GenerationResult]:
     start = time.perf_counter()
     stats = GenerationStats(gamma=gamma if drafter else 0)
@@ -214,6 +221,8 @@ def _loop(
         if room < 1:
             return finish("context")
         g = min(stats.gamma, max_new_tokens - len(generated) - 1, room - 1)
+        if g > 0 and draft_length is not None:
+            g = draft_length.budget(draft_sources(drafter), g)  # 0 where no draft length pays
         draft = Draft.empty()
         if g > 0:
             with draft_clock:
@@ -221,9 +230,17 @@ def _loop(
             stats.draft_calls += 1
             if len(draft) > g:
                 raise RuntimeError(f"drafter {drafter.name} proposed {len(draft)} tokens, more than gamma = {g}")
+            source = draft.source or drafter.name
+            if draft_length is not None:
+                draft = draft.truncated(draft_length.keep(source, len(draft)))
+        stats.draft_lengths[len(draft)] = stats.draft_lengths.get(len(draft), 0) + 1
         new = _verify_step(target, generated, draft, sampling, generator, target_clock, stats)
         if drafter is not None and g > 0:
             drafter.observe(draft, len(new) - 1)
+            if draft_length is not None:
+                draft_length.observe(source, len(draft), len(new) - 1)
+        elif draft_length is not None:
+            draft_length.called(1)
 
 
 def _verify_step(

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from specdecode.core.draft_length import AdaptiveDraftLength, CostProfile
 from specdecode.core.sampling import SamplingParams
+from specdecode.cost_profile import measure_cost_profile, measure_draft_costs
 from specdecode.decoding import GenerationResult, TokenStream, check_gamma, stream
 from specdecode.drafters import Drafter, LookupThenModelDrafter, ModelDrafter, PromptLookupDrafter
 from specdecode.drafters.distilled import bundled_draft_dir, is_distilled_draft, load_distilled, saved_tokenizer
 from specdecode.drafters.base import check_min_confidence
 from specdecode.drafters.eagle import EagleDrafter, is_eagle_draft, load_eagle
+from specdecode.llamacpp.engine import LlamaCppLM
 from specdecode.native.engine import NativeLM
 from specdecode.native.quant import int8_kernel_available
 from specdecode.models.compat import check_vocabularies
@@ -158,6 +161,8 @@ def make_drafter(spec: str | None, target: LoadedModel, backend: str = "auto",
         return LookupThenModelDrafter(drafter) if with_lookup else drafter
     if is_distilled_draft(model_spec):
         draft = load_distilled(model_spec)  # always the native engine
+    elif isinstance(target.model, LlamaCppLM) and backends.is_gguf(model_spec):  # a GGUF draft on the target's engine
+        draft = backends.load(model_spec, "llamacpp", threads=target.model.threads)
     else:
         draft = backends.load(model_spec, backend)
     check_vocabularies(target.tokenizer, draft.tokenizer, target.model.vocab_size, draft.model.vocab_size)
@@ -184,33 +189,48 @@ def eagle_drafter(directory: str, target: LoadedModel, min_confidence: float = D
 
 @dataclass
 class Pipeline:
-    """A target with its tokenizer and a drafter: what `specdecode generate` runs."""
+    """A target with its tokenizer and a drafter: what `specdecode generate` runs.
+
+    costs: the target's measured verification costs; when set, each call drafts the length that pays
+    most by Thm 3.8 (at most gamma, 0 where none pays; `core.draft_length`), else gamma every call.
+    """
 
     target: LoadedModel
     drafter: Drafter | None
     gamma: int = 4
+    costs: CostProfile | None = None
+    draft_costs: dict[str, float] = field(default_factory=dict)  # c of the drafter's model sources
 
     @classmethod
     def load(
         cls, target: str = DEFAULT_TARGET, draft: str | None = DEFAULT_DRAFT, gamma: int | None = None,
         backend: str = "auto", packing: str = "auto", rows_per_call: int | None = None,
-        min_confidence: float = DEFAULT_MIN_CONFIDENCE,
+        min_confidence: float = DEFAULT_MIN_CONFIDENCE, threads: int | None = None, cost_aware: bool | None = None,
     ) -> "Pipeline":
-        """Load target and draft on `backend` ('auto': the native engine where it supports the model, else HF).
+        """Load target and draft on `backend` (`backends.load`; 'auto': a GGUF file on the faster of llama.cpp and
+        the native engine here, other models native where supported, else HF).
 
         gamma None: default_gamma(draft). packing: the native target's layout of its linear layers
         (`specdecode.native.fast`); 'auto' picks the layout that runs rows_per_call tokens per target
         call fastest on this machine (`NativeLM`). rows_per_call None: `verification_rows`.
-        min_confidence: a draft model's early end (`drafters.base.unsure`).
+        min_confidence: a draft model's early end (`drafters.base.unsure`). threads: llama.cpp's threads.
+        cost_aware: choose each call's draft length from the target's measured costs (timed once per machine,
+        `cost_profile`); None: for the 'auto' draft without an explicit gamma.
         """
+        if cost_aware is None:
+            cost_aware = draft == DEFAULT_DRAFT and gamma is None
         gamma = default_gamma(draft) if gamma is None else check_gamma(gamma)  # before the (slow) load
         check_min_confidence(min_confidence)
         if rows_per_call is None:
             rows_per_call = verification_rows(draft, gamma, min_confidence, target, native=backend != "hf")
-        loaded = backends.load(target, backend, packing, rows_per_call)
+        loaded = backends.load(target, backend, packing, rows_per_call, threads=threads)
         if loaded.tokenizer is None:
             raise ValueError(f"target: {target} has no tokenizer, so it cannot take text prompts")
-        return cls(loaded, make_drafter(draft, loaded, backend, min_confidence), gamma)
+        drafter = make_drafter(draft, loaded, backend, min_confidence)
+        if not cost_aware or drafter is None:
+            return cls(loaded, drafter, gamma)
+        costs = measure_cost_profile(loaded.model, gamma + 1)
+        return cls(loaded, drafter, gamma, costs, measure_draft_costs(loaded.model, drafter, costs, gamma))
 
     @property
     def tokenizer(self):
@@ -260,7 +280,14 @@ class Pipeline:
             eos_token_ids=self.eos_token_ids(),
             stop=StopStrings(self.tokenizer, stop) if stop else None,
             generator=generator,
+            draft_length=self.draft_length() if speculative else None,
         )
+
+    def draft_length(self) -> AdaptiveDraftLength | None:
+        """A fresh cost-aware draft length for one generation (None: gamma every call)."""
+        if self.costs is None or self.drafter is None:
+            return None
+        return AdaptiveDraftLength(self.costs, self.gamma, self.draft_costs)
 
     def text(self, token_ids: Sequence[int], stop: str | Sequence[str] = ()) -> str:
         text = self.tokenizer.decode(list(token_ids), skip_special_tokens=True)

@@ -1,5 +1,6 @@
-"""Pure tensor code: sampling transforms, verification (Algorithm 1) and theory. No model code."""
+"""Pure tensor code: sampling transforms, verification (Algorithm 1), theory and cost-aware draft lengths. No model code."""
 
+from specdecode.core.draft_length import AdaptiveDraftLength, CostProfile, best_draft_length
 from specdecode.core.sampling import SamplingParams, probabilities, sample
 from specdecode.core.theory import (
     acceptance_rate,
@@ -11,6 +12,9 @@ from specdecode.core.theory import (
 from specdecode.core.verification import Verification, verify, verify_greedy
 
 __all__ = [
+    "AdaptiveDraftLength",
+    "CostProfile",
+    "best_draft_length",
     "SamplingParams",
     "probabilities",
     "sample",

@@ -14,18 +14,20 @@ import torch
 
 from specdecode.core.sampling import SamplingParams
 
-__all__ = ["Draft", "Drafter", "check_min_confidence", "unsure"]
+__all__ = ["Draft", "Drafter", "check_min_confidence", "draft_sources", "unsure"]
 
 
 @dataclass(frozen=True)
 class Draft:
     """Proposed tokens [g] and the exact distributions q [g, V] they were sampled from.
 
-    probs is None for a deterministic draft (q is one-hot at each proposed token).
+    probs is None for a deterministic draft (q is one-hot at each proposed token). source: which of a
+    drafter's `sources` made it, for a cost-aware draft length (None: the drafter itself).
     """
 
     tokens: torch.Tensor
     probs: torch.Tensor | None = None
+    source: str | None = None
 
     def __post_init__(self) -> None:
         if self.tokens.dim() != 1:
@@ -38,6 +40,11 @@ class Draft:
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
 
+    def truncated(self, length: int) -> "Draft":
+        """The first `length` tokens (and their q): still exactly what the draft sampled, just shorter."""
+        probs = None if self.probs is None else self.probs[:length]
+        return Draft(self.tokens[:length], probs, self.source)
+
     @staticmethod
     def empty() -> "Draft":
         return Draft(torch.zeros(0, dtype=torch.long))
@@ -45,7 +52,11 @@ class Draft:
 
 @runtime_checkable
 class Drafter(Protocol):
-    """A swappable source of draft tokens."""
+    """A swappable source of draft tokens.
+
+    A drafter may also have `sources`, the names its drafts' `Draft.source` take (prompt lookup per match
+    length, a model), for the loop's cost-aware draft length to learn each one's acceptance apart.
+    """
 
     name: str
 
@@ -62,6 +73,11 @@ class Drafter(Protocol):
     def observe(self, draft: Draft, num_accepted: int) -> None:
         """Feedback after verification: how many tokens of `draft` the target kept."""
         ...
+
+
+def draft_sources(drafter: Drafter) -> tuple[str, ...]:
+    """The names a drafter's drafts may carry as `Draft.source`: its `sources`, or its own name."""
+    return tuple(getattr(drafter, "sources", (drafter.name,)))
 
 
 def check_min_confidence(value: float) -> float:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from specdecode.core.sampling import SamplingParams
-from specdecode.drafters.base import Draft, Drafter
+from specdecode.drafters.base import Draft, Drafter, draft_sources
 from specdecode.drafters.prompt_lookup import PromptLookupDrafter
 
 __all__ = ["LookupThenModelDrafter"]
@@ -23,6 +25,7 @@ class LookupThenModelDrafter:
         self.lookup = PromptLookupDrafter(max_ngram=max_match, min_ngram=min_match)
         self.model = model_drafter
         self.name = f"{self.lookup.name}+{model_drafter.name}"
+        self.sources = (*self.lookup.sources, *draft_sources(model_drafter))
         self.lookup_drafts = 0  # proposals that came from the lookup
         self.model_drafts = 0
         self._last: Drafter | None = None
@@ -42,7 +45,8 @@ class LookupThenModelDrafter:
             return draft
         self._last = self.model
         self.model_drafts += 1
-        return self.model.propose(generated, gamma, sampling, generator)
+        draft = self.model.propose(generated, gamma, sampling, generator)
+        return draft if draft.source else dataclasses.replace(draft, source=self.model.name)
 
     def observe(self, draft: Draft, num_accepted: int) -> None:
         if self._last is not None:

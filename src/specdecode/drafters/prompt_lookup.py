@@ -7,7 +7,7 @@ import torch
 from specdecode.core.sampling import SamplingParams
 from specdecode.drafters.base import Draft
 
-__all__ = ["PromptLookupDrafter"]
+__all__ = ["PromptLookupDrafter", "find_continuation", "find_match"]
 
 
 class PromptLookupDrafter:
@@ -15,7 +15,8 @@ class PromptLookupDrafter:
 
     Finds the longest suffix of the context (max_ngram tokens down to min_ngram)
     that occurred earlier in the context (prompt + generated) and proposes the
-    tokens that followed its most recent occurrence. The draft is one-hot (no q).
+    tokens that followed its most recent occurrence. The draft is one-hot (no q). Its source names the
+    length of the match ("ngram:1-3@3"): a long match is right more often than a short one.
     """
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
@@ -26,6 +27,7 @@ class PromptLookupDrafter:
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
         self.name = f"ngram:{min_ngram}-{max_ngram}"
+        self.sources = tuple(f"{self.name}@{n}" for n in range(min_ngram, max_ngram + 1))
         self._prompt = torch.zeros(0, dtype=torch.long)
 
     def start(self, prompt_ids: torch.Tensor) -> None:
@@ -35,7 +37,8 @@ class PromptLookupDrafter:
         self, generated: torch.Tensor, gamma: int, sampling: SamplingParams, generator: torch.Generator | None
     ) -> Draft:
         context = torch.cat([self._prompt, generated.to(torch.long)])
-        return Draft(find_continuation(context, gamma, self.max_ngram, self.min_ngram))
+        tokens, matched = find_match(context, gamma, self.max_ngram, self.min_ngram)
+        return Draft(tokens, source=f"{self.name}@{matched}" if matched else None)
 
     def observe(self, draft: Draft, num_accepted: int) -> None:
         """Stateless: nothing to learn from the outcome."""
@@ -46,6 +49,11 @@ def find_continuation(context: torch.Tensor, gamma: int, max_ngram: int, min_ngr
 
     context: [L] token ids. Returns [g] with 0 <= g <= gamma (empty when nothing matches).
     """
+    return find_match(context, gamma, max_ngram, min_ngram)[0]
+
+
+def find_match(context: torch.Tensor, gamma: int, max_ngram: int, min_ngram: int = 1) -> tuple[torch.Tensor, int]:
+    """find_continuation's tokens [g] and the length of the suffix it matched (0: no match)."""
     length = context.shape[0]
     for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
         suffix = context[length - n :]
@@ -53,5 +61,5 @@ def find_continuation(context: torch.Tensor, gamma: int, max_ngram: int, min_ngr
         starts = (windows == suffix).all(dim=1).nonzero().flatten()
         if len(starts):
             begin = int(starts[-1]) + n
-            return context[begin : begin + gamma].clone()
-    return torch.zeros(0, dtype=torch.long)
+            return context[begin : begin + gamma].clone(), n
+    return torch.zeros(0, dtype=torch.long), 0

@@ -12,13 +12,8 @@ SmolLM2-135M, most of it oneDNN's packing).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import os
-import platform
 import statistics
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,6 +24,7 @@ from torch import nn
 from specdecode.models.loading import cache_root
 from specdecode.native.fast import current_packing, pack_linears
 from specdecode.native.model import NativeTransformer
+from specdecode.timing_cache import cpu_name, read_timing, timing_file, write_timing
 
 __all__ = ["LayoutChoice", "CANDIDATES", "TIE", "choose_packing", "time_layouts", "pick", "layout_cache_dir"]
 
@@ -61,54 +57,28 @@ def layout_cache_dir() -> Path:
     return cache_root() / "layouts"
 
 
-def _cpu_name() -> str:
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
-
-
 def _key(model: NativeTransformer, rows: int) -> dict:
     """What the timing depends on: the machine, the threads, torch, the model's shape (not its values), rows."""
     return {
-        "cpu": _cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+        "cpu": cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
         "config": model.config.to_dict(), "dtype": str(model.dtype), "rows": rows, "version": _VERSION,
     }
 
 
 def _cache_file(key: dict) -> Path:
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return layout_cache_dir() / f"{digest}.json"
+    return layout_cache_dir() / timing_file("layouts", key).name
 
 
 def _read_cached(path: Path, key: dict) -> LayoutChoice | None:
-    try:
-        record = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as error:  # unreadable: time again (and overwrite it)
-        logger.warning("ignoring the layout cache file %s: %s", path, error)
-        return None
-    if record.get("key") != key:  # a hash collision, or a hand-edited file
+    record = read_timing(path, key)
+    if record is None:
         return None
     seconds = {layout: {int(k): t for k, t in per_rows.items()} for layout, per_rows in record["seconds"].items()}
     return LayoutChoice(record["packing"], key["rows"], seconds, cached=True)
 
 
 def _write_cached(path: Path, key: dict, choice: LayoutChoice) -> None:
-    """Atomically (temp file, then rename); a failure only costs the timing next time."""
-    record = {"key": key, "packing": choice.packing, "seconds": choice.to_dict()["seconds"]}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle, temp = tempfile.mkstemp(dir=path.parent, prefix=".layout-", suffix=".json")
-        with os.fdopen(handle, "w") as file:
-            json.dump(record, file, indent=1)
-        os.chmod(temp, 0o644)
-        os.replace(temp, path)
-    except OSError as error:
-        logger.warning("cannot cache the layout choice in %s: %s", path, error)
+    write_timing(path, key, {"packing": choice.packing, "seconds": choice.to_dict()["seconds"]})
 
 
 def pick(seconds: dict[str, dict[int, float]], rows: int) -> str:

@@ -38,6 +38,7 @@ __all__ = [
     "native_from_hf_model",
     "native_from_hf_directory",
     "native_from_gguf",
+    "gguf_tokenizer",
     "read_gguf",
     "native_state_dict",
     "unpermute_rope",
@@ -98,8 +99,11 @@ class NativeModelInfo:
 
 def end_of_sequence_ids(hf_model, tokenizer) -> set[int]:
     """End-of-sequence ids of a `LoadedModel.hf_model` (transformers model or NativeModelInfo) and its tokenizer."""
-    # a NativeModelInfo answers without building a transformers GenerationConfig (seconds of imports)
-    generation_eos = hf_model.eos_token_id if isinstance(hf_model, NativeModelInfo) else hf_model.generation_config.eos_token_id
+    from specdecode.llamacpp.loading import LlamaCppModelInfo
+
+    # these answer without building a transformers GenerationConfig (seconds of imports)
+    lean = isinstance(hf_model, (NativeModelInfo, LlamaCppModelInfo))
+    generation_eos = hf_model.eos_token_id if lean else hf_model.generation_config.eos_token_id
     ids: set[int] = set()
     for value in (generation_eos, tokenizer.eos_token_id):
         if value is not None:
@@ -370,6 +374,25 @@ def native_from_gguf(
     tokenizer_state = "skipped" if not with_tokenizer else ("saved" if tokenizer is not None else "absent")
     _save_cache(cached, model, tokenizer, source=path, dtype=dtype, tokenizer_state=tokenizer_state)
     return model, tokenizer
+
+
+def gguf_tokenizer(path: str | os.PathLike):
+    """The tokenizer of a GGUF file (None when it has none), converted by transformers once and kept in
+    <cache root>/tokenizers, for engines that run the file itself (llama.cpp) and need no converted weights."""
+    path = Path(path)
+    stat = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    cached = cache_root() / "tokenizers" / f"{path.stem}-{key}"
+    if (cached / "tokenizer_config.json").is_file():
+        return load_saved_tokenizer(cached)
+    tokenizer = _gguf_tokenizer(path)
+    if tokenizer is not None:
+        try:
+            cached.mkdir(parents=True, exist_ok=True)
+            _add_tokenizer(cached, tokenizer)
+        except OSError as error:  # a read-only or full cache only costs speed
+            logger.warning("cannot cache the tokenizer of %s in %s: %s", path.name, cached, error)
+    return tokenizer
 
 
 def _cached_tokenizer(cached: Path, source: Path):

@@ -1,0 +1,169 @@
+"""A target's verification costs T(k), timed once per machine, engine and model and kept on disk.
+
+The cost-aware draft length (`core.draft_length`) needs T(k) / T(1) for k = 1 .. max gamma + 1 on the
+engine in use: flat on a memory-bound engine (the native fp32 one), about linear on llama.cpp's
+quantized CPU kernels here. They are timed on the model itself after a short context: each k in a block
+of calls of that k (as plain decoding runs k = 1), and all k interleaved (`time_extend`), whose excess
+over the blocks is the cost of a call whose shape differs from the last one's (llama.cpp rebuilds its
+compute graph then). About 2 s on SmolLM2-135M; cached like the layout choice, under a key of the CPU,
+threads, engine, model and library versions.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from importlib import metadata
+from pathlib import Path
+
+import torch
+
+from specdecode.core.draft_length import CostProfile
+from specdecode.models.base import LanguageModel
+from specdecode.timing_cache import cpu_name, read_timing, timing_file, write_timing
+
+__all__ = ["measure_cost_profile", "measure_draft_costs", "engine_key", "time_extend"]
+
+logger = logging.getLogger(__name__)
+
+_CONTEXT = 64  # tokens in the cache before the timed calls
+_REPS = 5
+_VERSION = 2  # bump when what is timed changes
+
+
+@torch.inference_mode()
+def time_extend(
+    models: Mapping[str, LanguageModel], context: torch.Tensor, ks: Mapping[str, Sequence[int]], reps: int
+) -> dict[str, dict[int, list[float]]]:
+    """Seconds of every extend(k tokens) after prefilling context [P]: {model: {k: [reps]}}.
+
+    One untimed pass first (allocations, lazy initialisation); then `reps` timed passes.
+    """
+    for model in models.values():
+        model.prefill(context)
+    names = list(models)
+    times: dict[str, dict[int, list[float]]] = {name: {k: [] for k in ks[name]} for name in names}
+    all_ks = sorted({k for name in names for k in ks[name]})
+    for rep in range(reps + 1):
+        rotated = names[rep % len(names):] + names[: rep % len(names)]
+        for k in all_ks:
+            feed = context.repeat(-(-k // len(context)))[:k]  # [k] valid ids for every model, even past a short context
+            for name in rotated:
+                if k not in times[name]:
+                    continue
+                model = models[name]
+                start = time.perf_counter()
+                model.extend(feed)
+                elapsed = time.perf_counter() - start
+                model.rollback(0)
+                if rep > 0:
+                    times[name][k].append(elapsed)
+    return times
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def engine_key(model: LanguageModel) -> dict:
+    """What a model's speed depends on: the machine, the engine and its settings, the model and its file."""
+    inner = getattr(model, "model", None)
+    key = {
+        "cpu": cpu_name(), "engine": type(model).__name__, "name": model.name,
+        "threads": getattr(model, "threads", torch.get_num_threads()),
+        "packing": getattr(model, "packing", None), "quantize": getattr(model, "quantize", None),
+        "dtype": str(getattr(inner, "dtype", None)), "vocab": model.vocab_size,
+        "torch": torch.__version__, "llama_cpp": _version("llama_cpp_python"),
+    }
+    path = Path(model.name)
+    if path.is_file():  # a model file: another file under the same name is another model
+        stat = path.stat()
+        key["file"] = [stat.st_size, stat.st_mtime_ns]
+    return key
+
+
+def measure_cost_profile(model: LanguageModel, max_rows: int, reps: int = _REPS) -> CostProfile:
+    """T(k) of `model` for k = 1 .. max_rows: read from the cache, or timed now and cached.
+
+    Leaves the model's cache holding a short synthetic prompt (the next prefill replaces it).
+    """
+    if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
+        raise ValueError(f"max_rows must be an integer >= 1, got {max_rows!r}")
+    key = {**engine_key(model), "max_rows": max_rows, "version": _VERSION}
+    path = timing_file("costs", key)
+    record = read_timing(path, key)
+    if record is not None:
+        return CostProfile.from_dict(record)
+    context_length = max(1, min(_CONTEXT, model.max_length - max_rows - 1))
+    context = torch.arange(context_length) % model.vocab_size
+    ks = list(range(1, max_rows + 1))
+    blocks = _time_blocks(model, context, ks, 3 * reps)
+    interleaved = time_extend({"target": model}, context, {"target": ks}, reps)["target"]
+    switch = statistics.median(statistics.median(interleaved[k]) - blocks[k] for k in ks)
+    profile = CostProfile(blocks, max(0.0, switch))
+    write_timing(path, key, profile.to_dict())
+    logger.info("%s: T(k)/T(1) for k = 1..%d: %s (T(1) %.1f ms, a change of shape %.1f ms more)", model.name,
+                max_rows, [round(profile.verify_ratio(k), 2) for k in ks], 1000 * profile.target_seconds[1],
+                1000 * profile.switch_seconds)
+    return profile
+
+
+@torch.inference_mode()
+def _time_blocks(model: LanguageModel, context: torch.Tensor, ks: Sequence[int], reps: int) -> dict[int, float]:
+    """Median seconds of extend(k tokens) in a run of calls of that k after prefilling context [P] (one untimed)."""
+    model.prefill(context)
+    medians = {}
+    for k in ks:
+        feed = context.repeat(-(-k // len(context)))[:k]
+        times = []
+        for rep in range(reps + 1):
+            start = time.perf_counter()
+            model.extend(feed)
+            elapsed = time.perf_counter() - start
+            model.rollback(0)
+            if rep:
+                times.append(elapsed)
+        medians[k] = statistics.median(times)
+    return medians
+
+
+def measure_draft_costs(target: LanguageModel, drafter, profile: CostProfile, gamma: int,
+                        reps: int = _REPS) -> dict[str, float]:
+    """c of each source of `drafter` that runs a model: its seconds per draft token over T(1), read from the
+    cache or timed now (propose after a short prompt, medians) and cached. Prompt lookup costs 0: {}.
+
+    Leaves the target's cache holding a short synthetic prompt (the next prefill replaces it).
+    """
+    from specdecode.drafters.base import draft_sources
+    from specdecode.drafters.composite import LookupThenModelDrafter
+    from specdecode.drafters.prompt_lookup import PromptLookupDrafter
+    from specdecode.core.sampling import SamplingParams
+
+    if isinstance(drafter, PromptLookupDrafter):
+        return {}
+    model_drafter = drafter.model if isinstance(drafter, LookupThenModelDrafter) else drafter
+    key = {**engine_key(target), "drafter": model_drafter.name, "gamma": gamma, "version": _VERSION}
+    path = timing_file("draft-costs", key)
+    record = read_timing(path, key)
+    if record is None:
+        context = torch.arange(max(2, min(_CONTEXT, target.max_length - gamma - 2))) % target.vocab_size
+        first = torch.tensor([int(context[-1])])
+        target.prefill(context)
+        model_drafter.start(context)
+        per_token = []
+        for rep in range(reps + 1):
+            start = time.perf_counter()
+            draft = model_drafter.propose(first, gamma, SamplingParams(0.0), None)
+            elapsed = time.perf_counter() - start
+            if rep and len(draft):
+                per_token.append(elapsed / len(draft))
+        c = statistics.median(per_token) / profile.target_seconds[1] if per_token else 0.0
+        record = {"c": c}
+        write_timing(path, key, record)
+        logger.info("draft %s: c = %.3f of a target step per draft token", model_drafter.name, c)
+    return {source: record["c"] for source in draft_sources(model_drafter)}

@@ -1,0 +1,82 @@
+"""Cost-aware draft lengths (`core.draft_length`): Thm 3.8 with measured T(k), and the loop that follows it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from mock_models import TableModel
+
+from specdecode.core.draft_length import AdaptiveDraftLength, CostProfile, best_draft_length, expected_rate
+from specdecode.core.sampling import SamplingParams
+from specdecode.decoding import generate
+from specdecode.drafters import ModelDrafter, PromptLookupDrafter
+
+FLAT = CostProfile({k: 1.0 for k in range(1, 7)})  # memory-bound: verifying 6 tokens costs one step
+LINEAR = CostProfile({k: 0.8 * k + 0.2 for k in range(1, 7)})  # compute-bound: llama.cpp's Q4 kernels here
+
+
+def test_expected_rate_is_thm_3_8_with_the_measured_verification_cost():
+    # E = 1 + 0.5 + 0.25 tokens for 2 * 0.1 + T(3)/T(1) = 0.2 + 2.6 / 1.0
+    assert expected_rate([0.5, 0.5], 0.1, LINEAR, 2) == pytest.approx(1.75 / 2.8)
+    assert expected_rate([0.9], 0.0, FLAT, 0) == 1.0
+
+
+def test_flat_costs_draft_long_and_linear_costs_draft_nothing_unless_nearly_always_right():
+    assert best_draft_length([0.8] * 5, 0.02, FLAT, 5) == 5
+    assert best_draft_length([0.7] * 5, 0.0, LINEAR, 5) == 0  # 1.7 / 1.8 < 1
+    assert best_draft_length([0.95] * 5, 0.0, LINEAR, 5) == 2  # nearly always right: 2.85 / 2.6 beats 5.3 / 5.0
+    assert best_draft_length([0.8] * 5, 0.6, FLAT, 5) == 1  # an expensive draft: 1.8 / 1.6 beats 2.44 / 2.2
+
+
+def test_a_margin_and_a_change_of_shape_make_a_marginal_draft_not_worth_it():
+    profile = CostProfile({1: 1.0, 2: 1.5}, switch_seconds=0.1)
+    assert best_draft_length([0.56], 0.0, profile, 1) == 1  # 1.56 / 1.5
+    assert best_draft_length([0.56], 0.0, profile, 1, margin=0.05) == 0
+    assert best_draft_length([0.56], 0.0, profile, 1, previous_rows=1) == 0  # 1.56 / 1.6
+
+
+def test_the_profile_checks_its_times():
+    with pytest.raises(ValueError, match="lacks T\\(k\\) for k = \\[2\\]"):
+        CostProfile({1: 1.0, 3: 2.0})
+    with pytest.raises(ValueError, match="must hold T\\(1\\)"):
+        CostProfile({2: 1.0})
+    assert CostProfile.from_dict(LINEAR.to_dict()) == LINEAR
+
+
+def test_acceptance_is_learned_per_source_from_the_prior():
+    policy = AdaptiveDraftLength(FLAT, 4, {"a": 0.3, "b": 0.3}, prior_alpha=0.95, prior_weight=1.0, margin=0.0)
+    assert policy.budget(["a", "b"], 4) == 4
+    for _ in range(5):
+        policy.observe("a", 4, 0)  # always rejected at once
+    assert policy.acceptance("a")[0] == pytest.approx(0.95 / 6)
+    assert policy.best("a", 4) == 0 and policy.best("b", 4) == 4 and policy.budget(["a", "b"], 4) == 4
+    with pytest.raises(ValueError, match="accepted"):
+        policy.observe("a", 2, 3)
+
+
+def test_the_loop_decodes_the_target_alone_when_no_draft_pays():
+    target = TableModel(8, 0)
+    policy = AdaptiveDraftLength(LINEAR, 4, prior_alpha=0.5)
+    result = generate(target, [0, 1], drafter=ModelDrafter(TableModel(8, 1)), gamma=4, max_new_tokens=20,
+                      sampling=SamplingParams(1.0), generator=torch.Generator().manual_seed(0), draft_length=policy)
+    assert result.stats.draft_calls == 0 and result.stats.draft_lengths == {0: 19}
+
+
+def test_prompt_lookup_drafts_where_its_long_matches_pay():
+    """A repeating context: 3-token matches are always right, and the lookup drafts them even on linear costs."""
+    prompt = [2, 3, 4, 5, 6, 7] * 4
+    target = TableModel(8, 0)
+    target.table[:] = -10.0
+    for a, b in zip(prompt, prompt[1:] + prompt[:1]):  # the target continues the cycle
+        target.table[prompt[prompt.index(a) - 1], a, b] = 10.0
+    policy = AdaptiveDraftLength(LINEAR, 4)
+    result = generate(target, prompt, drafter=PromptLookupDrafter(), gamma=4, max_new_tokens=40,
+                      sampling=SamplingParams(0.0), draft_length=policy)
+    assert result.stats.accepted_tokens > 20 and result.stats.alpha == 1.0
+    assert max(result.stats.draft_lengths) >= 2
+
+
+def test_draft_length_must_cover_gamma():
+    with pytest.raises(ValueError, match="fewer than gamma"):
+        generate(TableModel(4, 0), [0, 1], drafter=PromptLookupDrafter(), gamma=5,
+                 draft_length=AdaptiveDraftLength(FLAT, 3))
