@@ -137,7 +137,7 @@ def measured_costs(target_name: str, directory: str, data: TeacherData, ks: rang
                    reps: int) -> tuple[dict[int, float], dict[int, float]]:
     """T(k)/T(1) for k in ks, and the draft's seconds of m = 1 .. depth tokens over T(1): timed as
     `generate --draft auto` runs the target (layout chosen for 3-token calls) and the draft (int8 where it runs)."""
-    loaded = backends.load(target_name, "auto", "auto", EARLY_END_ROWS_PER_CALL)
+    loaded = backends.load(target_name, "native", "auto", EARLY_END_ROWS_PER_CALL)  # the EAGLE draft reads its features
     drafter = eagle_drafter(directory, loaded, min_confidence=0.0)
     context = torch.cat(list(data.ids))[: min(256, loaded.model.max_length // 2)]  # a context of decoding's length
     costs = summarize_costs(time_extend({"target": loaded.model}, context, {"target": ks}, reps))

@@ -239,7 +239,7 @@ def test_eagle_drafter_refuses_a_mismatched_target():
     other = NativeLM(NativeTransformer(dataclasses.replace(CONFIG, hidden_size=24, head_dim=12)), packing="none")
     with pytest.raises(ValueError, match="hidden size 16"):
         EagleDrafter(network, torch.tensor(HEAD), other)
-    with pytest.raises(TypeError, match="native engine"):
+    with pytest.raises(TypeError, match="native or the llama.cpp engine"):
         EagleDrafter(network, torch.tensor(HEAD), object())
 
 
@@ -271,7 +271,7 @@ def test_make_drafter_builds_an_eagle_drafter_and_refuses_a_non_native_target(tm
     class OtherBackend:
         vocab_size = CONFIG.vocab_size
 
-    with pytest.raises(ValueError, match="needs the target on the native engine"):
+    with pytest.raises(ValueError, match="needs the target on the native or the llama.cpp engine"):
         make_drafter(str(tmp_path / "eagle"), LoadedModel(OtherBackend(), None, None, "tiny-target"))
 
 
@@ -289,7 +289,7 @@ def test_auto_with_a_bundled_eagle_draft_needs_the_native_engine_else_prompt_loo
 
     other = LoadedModel(OtherBackend(), None, None, "tiny-target")
     assert isinstance(make_drafter("auto", other), PromptLookupDrafter)
-    with pytest.raises(ValueError, match="needs the target on the native engine"):  # asked for by name: an error
+    with pytest.raises(ValueError, match="needs the target on the native or the llama.cpp engine"):  # asked for by name: an error
         make_drafter("bundled", other)
 
 

@@ -156,7 +156,47 @@ def test_cost_profile_is_timed_once_and_cached(tiny_lm, monkeypatch):
 
     profile = cost_profile.measure_cost_profile(tiny_lm, 4, reps=2)
     assert sorted(profile.target_seconds) == [1, 2, 3, 4] and profile.switch_seconds >= 0
-    monkeypatch.setattr(cost_profile, "time_extend", lambda *a: pytest.fail("timed again"))
+    monkeypatch.setattr(cost_profile, "_time_pattern", lambda *a: pytest.fail("timed again"))
     assert cost_profile.measure_cost_profile(tiny_lm, 4) == profile
     files = list(cost_profile.timing_file("costs", {}).parent.glob("*.json"))
     assert len(files) == 1 and json.loads(files[0].read_text())["key"]["engine"] == "LlamaCppLM"
+
+
+def test_a_gguf_draft_model_on_llama_cpp_keeps_greedy_output_identical(tiny_gguf, tiny_lm, tmp_path):
+    from specdecode.drafters import ModelDrafter
+
+    draft_path = write_tiny_gguf(tmp_path / "draft.gguf", tiny_llama_variant(seed=2, num_hidden_layers=1),
+                                 vocabulary=SPECIALS + WORDS)  # a smaller random model on the same vocabulary
+    drafter = ModelDrafter(LlamaCppLM(draft_path, max_length=128, threads=1))
+    options = dict(max_new_tokens=40, sampling=SamplingParams(0.0))
+    plain = generate(tiny_lm, PROMPT, **options)
+    speculative = generate(tiny_lm, PROMPT, drafter=drafter, gamma=3, **options)
+    assert speculative.token_ids == plain.token_ids
+    assert speculative.stats.draft_tokens > 0
+
+
+def test_an_eagle_draft_reads_llama_cpps_features(tiny_gguf):
+    """keep_features: llama.cpp's final-norm outputs, as the native engine's; an EAGLE draft on them keeps greedy
+    output identical to the target alone."""
+    import dataclasses
+
+    from specdecode.drafters.eagle import EagleDrafter
+    from specdecode.native.eagle import EagleNetwork
+
+    lm = LlamaCppLM(tiny_gguf[0], max_length=128, threads=1)
+    native = load_native(tiny_gguf[0]).model
+    for model in (lm, native):
+        model.keep_features()
+        model.prefill(PROMPT)
+        model.extend(torch.tensor([11, 12]))
+    assert torch.allclose(lm.features(0, 10), native.features(0, 10), atol=2e-2)
+    assert torch.equal(lm.embed_tokens(torch.tensor([5, 6])), native.embed_tokens(torch.tensor([5, 6])))
+    torch.manual_seed(0)
+    network = EagleNetwork(dataclasses.replace(native.config, num_layers=1), 64)
+    drafter = EagleDrafter(network, torch.arange(64), lm)
+    options = dict(max_new_tokens=30, sampling=SamplingParams(0.0))
+    plain = generate(lm, PROMPT, **options)
+    speculative = generate(lm, PROMPT, drafter=drafter, gamma=3, **options)
+    assert speculative.token_ids == plain.token_ids and speculative.stats.draft_tokens > 0
+    with pytest.raises(ValueError, match="features of positions"):
+        lm.features(0, 200)

@@ -22,7 +22,9 @@ GREEDY = SamplingParams(0.0)
 
 @pytest.fixture(scope="module")
 def pipeline():
-    return Pipeline.load()  # default target and draft: 'auto', the bundled EAGLE draft with prompt lookup
+    # the default target and draft ('auto': the bundled EAGLE draft with prompt lookup) on the native engine, which the
+    # EAGLE draft reads; test_llamacpp.py has the llama.cpp engine
+    return Pipeline.load(backend="native")
 
 
 def spec_bench_prompts(count):
@@ -62,7 +64,7 @@ def test_plain_loop_matches_transformers_generate(pipeline):
 def test_self_draft_accepts_everything():
     """The target as its own draft: alpha is 1 and a round yields gamma + 1 tokens."""
     from specdecode.drafters import ModelDrafter
-    pipe = Pipeline.load(draft="none", gamma=3)
+    pipe = Pipeline.load(draft="none", gamma=3, backend="native")
     pipe.drafter = ModelDrafter(load_model().model)
     result = pipe.generate(pipe.encode("Count from one to twenty in words."), max_new_tokens=24, sampling=GREEDY)
     assert result.stats.alpha == 1.0

@@ -2,11 +2,11 @@
 
 The cost-aware draft length (`core.draft_length`) needs T(k) / T(1) for k = 1 .. max gamma + 1 on the
 engine in use: flat on a memory-bound engine (the native fp32 one), about linear on llama.cpp's
-quantized CPU kernels here. They are timed on the model itself after a short context: each k in a block
-of calls of that k (as plain decoding runs k = 1), and all k interleaved (`time_extend`), whose excess
-over the blocks is the cost of a call whose shape differs from the last one's (llama.cpp rebuilds its
-compute graph then). About 2 s on SmolLM2-135M; cached like the layout choice, under a key of the CPU,
-threads, engine, model and library versions.
+quantized CPU kernels here. They are timed on the model itself after a 128-token context, each call keeping
+one token as decoding does: each k in a run of calls of that k (as plain decoding runs k = 1), and each k
+alternating with single tokens, whose excess over the runs is the cost of a call whose shape differs from
+the last one's (llama.cpp rebuilds its compute graph then). A few seconds on SmolLM2-135M, once: cached
+like the layout choice, under a key of the CPU, threads, engine, model and library versions.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 
@@ -24,43 +24,13 @@ from specdecode.core.draft_length import CostProfile
 from specdecode.models.base import LanguageModel
 from specdecode.timing_cache import cpu_name, read_timing, timing_file, write_timing
 
-__all__ = ["measure_cost_profile", "measure_draft_costs", "engine_key", "time_extend"]
+__all__ = ["measure_cost_profile", "measure_draft_costs", "engine_key"]
 
 logger = logging.getLogger(__name__)
 
-_CONTEXT = 64  # tokens in the cache before the timed calls
+_CONTEXT = 128  # tokens in the cache before the timed calls (decoding verifies after a prompt and an answer)
 _REPS = 5
-_VERSION = 2  # bump when what is timed changes
-
-
-@torch.inference_mode()
-def time_extend(
-    models: Mapping[str, LanguageModel], context: torch.Tensor, ks: Mapping[str, Sequence[int]], reps: int
-) -> dict[str, dict[int, list[float]]]:
-    """Seconds of every extend(k tokens) after prefilling context [P]: {model: {k: [reps]}}.
-
-    One untimed pass first (allocations, lazy initialisation); then `reps` timed passes.
-    """
-    for model in models.values():
-        model.prefill(context)
-    names = list(models)
-    times: dict[str, dict[int, list[float]]] = {name: {k: [] for k in ks[name]} for name in names}
-    all_ks = sorted({k for name in names for k in ks[name]})
-    for rep in range(reps + 1):
-        rotated = names[rep % len(names):] + names[: rep % len(names)]
-        for k in all_ks:
-            feed = context.repeat(-(-k // len(context)))[:k]  # [k] valid ids for every model, even past a short context
-            for name in rotated:
-                if k not in times[name]:
-                    continue
-                model = models[name]
-                start = time.perf_counter()
-                model.extend(feed)
-                elapsed = time.perf_counter() - start
-                model.rollback(0)
-                if rep > 0:
-                    times[name][k].append(elapsed)
-    return times
+_VERSION = 3  # bump when what is timed changes
 
 
 def _version(package: str) -> str | None:
@@ -99,13 +69,16 @@ def measure_cost_profile(model: LanguageModel, max_rows: int, reps: int = _REPS)
     record = read_timing(path, key)
     if record is not None:
         return CostProfile.from_dict(record)
-    context_length = max(1, min(_CONTEXT, model.max_length - max_rows - 1))
+    calls = 2 * (3 * reps + 1)  # the most calls one timed pattern makes, each keeping one token
+    context_length = max(1, min(_CONTEXT, model.max_length - calls - max_rows - 1))
     context = torch.arange(context_length) % model.vocab_size
     ks = list(range(1, max_rows + 1))
-    blocks = _time_blocks(model, context, ks, 3 * reps)
-    interleaved = time_extend({"target": model}, context, {"target": ks}, reps)["target"]
-    switch = statistics.median(statistics.median(interleaved[k]) - blocks[k] for k in ks)
-    profile = CostProfile(blocks, max(0.0, switch))
+    blocks = {k: _time_pattern(model, context, [k], 3 * reps)[k] for k in ks}
+    switches = []
+    for k in ks[1:]:  # a call of k rows between single tokens: what both cost beyond their blocks' times, each
+        alternating = _time_pattern(model, context, [1, k], 3 * reps)
+        switches.append((alternating[1] + alternating[k] - blocks[1] - blocks[k]) / 2)
+    profile = CostProfile(blocks, max(0.0, statistics.median(switches)) if switches else 0.0)
     write_timing(path, key, profile.to_dict())
     logger.info("%s: T(k)/T(1) for k = 1..%d: %s (T(1) %.1f ms, a change of shape %.1f ms more)", model.name,
                 max_rows, [round(profile.verify_ratio(k), 2) for k in ks], 1000 * profile.target_seconds[1],
@@ -114,22 +87,22 @@ def measure_cost_profile(model: LanguageModel, max_rows: int, reps: int = _REPS)
 
 
 @torch.inference_mode()
-def _time_blocks(model: LanguageModel, context: torch.Tensor, ks: Sequence[int], reps: int) -> dict[int, float]:
-    """Median seconds of extend(k tokens) in a run of calls of that k after prefilling context [P] (one untimed)."""
+def _time_pattern(model: LanguageModel, context: torch.Tensor, pattern: Sequence[int], reps: int) -> dict[int, float]:
+    """Median seconds of extend(k tokens) for each k of `pattern`, the pattern run reps times after prefilling
+    context [P] (once more untimed first). Each call keeps one token and rolls the rest back, as decoding does
+    after a rejection (plain decoding, k = 1, rolls nothing back), so the context grows by one per call."""
     model.prefill(context)
-    medians = {}
-    for k in ks:
-        feed = context.repeat(-(-k // len(context)))[:k]
-        times = []
-        for rep in range(reps + 1):
+    times: dict[int, list[float]] = {k: [] for k in pattern}
+    for rep in range(reps + 1):
+        for k in pattern:
+            feed = context.repeat(-(-k // len(context)))[:k]
             start = time.perf_counter()
             model.extend(feed)
             elapsed = time.perf_counter() - start
-            model.rollback(0)
+            model.rollback(model.num_generated - (k - 1))
             if rep:
-                times.append(elapsed)
-        medians[k] = statistics.median(times)
-    return medians
+                times[k].append(elapsed)
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def measure_draft_costs(target: LanguageModel, drafter, profile: CostProfile, gamma: int,

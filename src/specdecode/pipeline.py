@@ -15,7 +15,7 @@ from specdecode.decoding import GenerationResult, TokenStream, check_gamma, stre
 from specdecode.drafters import Drafter, LookupThenModelDrafter, ModelDrafter, PromptLookupDrafter
 from specdecode.drafters.distilled import bundled_draft_dir, is_distilled_draft, load_distilled, saved_tokenizer
 from specdecode.drafters.base import check_min_confidence
-from specdecode.drafters.eagle import EagleDrafter, is_eagle_draft, load_eagle
+from specdecode.drafters.eagle import EagleDrafter, is_eagle_draft, keeps_features, load_eagle
 from specdecode.llamacpp.engine import LlamaCppLM
 from specdecode.native.engine import NativeLM
 from specdecode.native.quant import int8_kernel_available
@@ -54,7 +54,7 @@ DEFAULT_MIN_CONFIDENCE = 0.6
 def resolve_draft_name(spec: str, target: str = DEFAULT_TARGET, native: bool = True) -> str:
     """A draft name with 'auto' replaced by what it means today for `target`; other names unchanged.
 
-    native: whether the target runs on the native engine, which an EAGLE draft (reading its features) needs.
+    native: whether the target runs on an engine an EAGLE draft can read the features of (native, llama.cpp).
     """
     if spec != "auto":
         return spec
@@ -62,7 +62,7 @@ def resolve_draft_name(spec: str, target: str = DEFAULT_TARGET, native: bool = T
 
 
 def bundled_draft_runs(target: str, native: bool) -> bool:
-    """Whether `target` has a bundled draft that can run with it (an EAGLE draft needs the native engine)."""
+    """Whether `target` has a bundled draft that can run with it (an EAGLE draft needs the native or llama.cpp engine)."""
     path = bundled_draft_dir(target)
     return path is not None and (native or not is_eagle_draft(path))
 
@@ -150,7 +150,7 @@ def make_drafter(spec: str | None, target: LoadedModel, backend: str = "auto",
     """
     if spec is None or spec == "none":
         return None
-    native = isinstance(target.model, NativeLM)
+    native = keeps_features(target.model)  # an EAGLE draft can read it (the native or the llama.cpp engine)
     spec = resolve_draft_name(spec, target.source, native)
     model_spec = draft_model_part(spec, target.source, native)
     if model_spec is None:
@@ -175,9 +175,9 @@ def eagle_drafter(directory: str, target: LoadedModel, min_confidence: float = D
 
     On a CPU with torch's int8 kernel it drafts on int8 weights (see EagleDrafter's quantize).
     """
-    if not isinstance(target.model, NativeLM):
+    if not keeps_features(target.model):
         raise ValueError(f"draft: {directory} is an EAGLE draft, which reads the target's features; "
-                         "it needs the target on the native engine (--backend native or auto)")
+                         "it needs the target on the native or the llama.cpp engine (--backend native, llamacpp or auto)")
     network, output_ids, _ = load_eagle(directory)
     tokenizer = saved_tokenizer(Path(directory))
     check_vocabularies(target.tokenizer, tokenizer, target.model.vocab_size, network.config.vocab_size)

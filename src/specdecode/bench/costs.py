@@ -9,11 +9,44 @@ gamma-token draft is T_target(gamma + 1) / T_target(1).
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Mapping, Sequence
 
-from specdecode.cost_profile import time_extend
+import torch
+
+from specdecode.models.base import LanguageModel
 
 __all__ = ["time_extend", "summarize_costs"]
+
+
+@torch.inference_mode()
+def time_extend(
+    models: Mapping[str, LanguageModel], context: torch.Tensor, ks: Mapping[str, Sequence[int]], reps: int
+) -> dict[str, dict[int, list[float]]]:
+    """Seconds of every extend(k tokens) after prefilling context [P]: {model: {k: [reps]}}.
+
+    One untimed pass first (allocations, lazy initialisation); then `reps` timed passes.
+    """
+    for model in models.values():
+        model.prefill(context)
+    names = list(models)
+    times: dict[str, dict[int, list[float]]] = {name: {k: [] for k in ks[name]} for name in names}
+    all_ks = sorted({k for name in names for k in ks[name]})
+    for rep in range(reps + 1):
+        rotated = names[rep % len(names):] + names[: rep % len(names)]
+        for k in all_ks:
+            feed = context.repeat(-(-k // len(context)))[:k]  # [k] valid ids for every model, even past a short context
+            for name in rotated:
+                if k not in times[name]:
+                    continue
+                model = models[name]
+                start = time.perf_counter()
+                model.extend(feed)
+                elapsed = time.perf_counter() - start
+                model.rollback(0)
+                if rep > 0:
+                    times[name][k].append(elapsed)
+    return times
 
 
 def summarize_costs(times: Mapping[str, Mapping[int, Sequence[float]]], target: str = "target") -> dict:

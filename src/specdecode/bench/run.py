@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from specdecode import backends
 from specdecode.bench import plots, report
 from specdecode.bench.config import STATISTICAL_DRAFTS, BenchConfig, default_drafts
 from specdecode.bench.costs import summarize_costs, time_extend
@@ -100,7 +101,10 @@ def run_bench(config: BenchConfig, log: Callable[[str], None] = _warn) -> dict:
     # tokens per call any of them feeds); the baseline runs on the same one
     rows = max((verification_rows(d, cfg.gamma, cfg.min_confidence, cfg.target, cfg.backend != "hf")
                 for d in cfg.category_drafts), default=cfg.gamma + 1)
-    pipeline = Pipeline.load(cfg.target, draft="none", gamma=cfg.gamma, backend=cfg.backend, packing=cfg.packing,
+    # drafts are compared on one engine: 'auto' is the native engine where it runs the target (the bundled EAGLE
+    # draft needs it), not the fastest engine; `python -m specdecode.bench.engines` compares the engines
+    backend = "native" if cfg.backend == "auto" and backends.native_supports(cfg.target) else cfg.backend
+    pipeline = Pipeline.load(cfg.target, draft="none", gamma=cfg.gamma, backend=backend, packing=cfg.packing,
                              rows_per_call=rows)
     prompts, encoded, skipped, sweep = _prepare(cfg, pipeline, prompts, log)
     cfg = _fittable(cfg, defaulted, len(prompts), log)  # a prompt too long for the context may have left one
@@ -311,8 +315,6 @@ def _peers(cfg, results, pipeline, drafters, encoded, log) -> tuple[Method | Non
     target = pipeline.target.hf_model
     if not is_hf_model(target):
         try:
-            from specdecode import backends
-
             target = backends.load(cfg.target, "hf").hf_model
         except Exception as error:  # noqa: BLE001 - the peers are then listed as not applicable
             results["unavailable"] += [Unavailable(p, f"the target does not load in transformers ({error})").to_dict()

@@ -108,7 +108,7 @@ class AdaptiveDraftLength:
     draft_costs: Mapping[str, float] = field(default_factory=dict)
     prior_alpha: float = 0.9
     prior_weight: float = 1.0
-    margin: float = 0.05
+    margin: float = 0.1
     _stats: dict[str, _SourceStats] = field(default_factory=dict)
     _previous_rows: int | None = None  # the tokens the last target call fed
 

@@ -14,6 +14,7 @@ It has no token embedding: it uses its target's.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -22,18 +23,40 @@ from specdecode.drafters.base import Draft, check_min_confidence, unsure
 from specdecode.drafters.distilled import CONFIG_FILE, read_draft_config, read_draft_weights, write_draft_directory
 from specdecode.native.config import NativeConfig
 from specdecode.native.eagle import EagleNetwork
-from specdecode.native.engine import NativeLM
 from specdecode.native.model import skipped_initialization
 
-__all__ = ["EAGLE_KIND", "EagleDrafter", "save_eagle", "load_eagle", "is_eagle_draft"]
+__all__ = ["EAGLE_KIND", "FeatureModel", "EagleDrafter", "keeps_features", "save_eagle", "load_eagle", "is_eagle_draft"]
 
 EAGLE_KIND = "eagle"
+
+
+@runtime_checkable
+class FeatureModel(Protocol):
+    """A target an EAGLE draft can read: a `LanguageModel` that keeps each position's final-norm output
+    (`NativeLM`, `LlamaCppLM`)."""
+
+    config: object  # hidden_size, vocab_size
+    device: torch.device
+    max_length: int
+    vocab_size: int
+
+    def keep_features(self) -> None: ...
+
+    def features(self, start: int, end: int) -> torch.Tensor: ...  # [end - start, hidden]
+
+    def embed_tokens(self, token_ids: torch.Tensor) -> torch.Tensor: ...  # [n, hidden]
+
+
+def keeps_features(model) -> bool:
+    """Whether an EAGLE draft can read this model's features."""
+    return isinstance(model, FeatureModel)
 
 
 class EagleDrafter:
     """Samples gamma tokens from an EagleNetwork on `target`'s features and returns the q they came from.
 
-    target: the NativeLM being decoded; from construction on it keeps each position's features.
+    target: the model being decoded (a `FeatureModel`: the native or llama.cpp engine); from construction on it
+    keeps each position's features.
     output_ids [K]: the target token of each head row (q is exactly zero for every other token).
     quantize: 'int8' runs the network on int8 weights (`EagleNetwork.quantize_int8`, in place): a cheaper
     step and a slightly different q, which is still exactly the q it samples from.
@@ -41,11 +64,11 @@ class EagleDrafter:
     (`drafters.base.unsure`; EAGLE-2's confidence). 0 always drafts gamma.
     """
 
-    def __init__(self, network: EagleNetwork, output_ids: torch.Tensor, target: NativeLM, name: str = "eagle",
+    def __init__(self, network: EagleNetwork, output_ids: torch.Tensor, target: FeatureModel, name: str = "eagle",
                  quantize: str = "none", min_confidence: float = 0.0) -> None:
-        if not isinstance(target, NativeLM):
-            raise TypeError(f"an EAGLE draft reads its target's features: the target must run on the native engine, "
-                            f"got {type(target).__name__}")
+        if not keeps_features(target):
+            raise TypeError(f"an EAGLE draft reads its target's features: the target must run on the native or the "
+                            f"llama.cpp engine, got {type(target).__name__}")
         config, target_config = network.config, target.config
         if (config.hidden_size, config.vocab_size) != (target_config.hidden_size, target_config.vocab_size):
             raise ValueError(f"EAGLE draft {name}: built for hidden size {config.hidden_size} and vocabulary "
@@ -64,7 +87,7 @@ class EagleDrafter:
         self.output_ids = output_ids.long()
         self.target = target
         self.name = f"eagle:{name}"
-        self._embed = target.model.embed  # the target's token embedding (float, packed or int8)
+        self._embed = target.embed_tokens  # the target's token embedding
         self._cache = network.new_cache(target.max_length)
         self._prompt = torch.zeros(0, dtype=torch.long)
         self._tokens = torch.zeros(0, dtype=torch.long)  # the tokens of the cache slots computed from f

@@ -204,6 +204,10 @@ class NativeLM:
             self._cache.keep_features()
             self._features_from = self._cached()  # earlier positions were computed without writing theirs
 
+    def embed_tokens(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """The model's token embeddings [n, hidden] (float, packed or int8 as the model holds them)."""
+        return self.model.embed(token_ids)
+
     def features(self, start: int, end: int) -> torch.Tensor:
         """Final-norm outputs [end - start, hidden] (float32) of the cached positions start .. end - 1."""
         if self._cache.features is None:

@@ -209,7 +209,7 @@ def _generation_request(
         stop=tuple(body.stop_list()),
         seed=seed,
         draft=draft,
-        gamma=body.gamma or engine.pipeline.gamma,
+        gamma=body.gamma,
         min_confidence=body.min_confidence if body.min_confidence is not None else engine.min_confidence(draft),
     )
 

@@ -31,7 +31,7 @@ class GenerationRequest:
     stop: tuple[str, ...]
     seed: int
     draft: str  # canonical drafter name: a key of Engine.drafters
-    gamma: int
+    gamma: int | None  # draft tokens every call; None: the server's (cost-aware draft lengths where it chose them)
     min_confidence: float | None = None  # the draft model's early end for this request; None: the server's
 
 
@@ -131,7 +131,10 @@ class Engine:
         if model is not None and request.min_confidence is not None:  # this request's, then the server's again
             model.min_confidence = request.min_confidence
         try:
-            pipe = replace(self.pipeline, drafter=drafter, gamma=request.gamma)
+            if request.gamma is None:  # the server's gamma, and its cost-aware draft lengths if it has them
+                pipe = replace(self.pipeline, drafter=drafter)
+            else:  # an explicit gamma drafts that many tokens every call, as `--gamma` does
+                pipe = replace(self.pipeline, drafter=drafter, gamma=request.gamma, costs=None)
             tokens = pipe.stream(
                 torch.tensor(request.prompt_ids, dtype=torch.long),
                 max_new_tokens=request.max_tokens,
