@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -41,21 +43,58 @@ def test_headline_table_is_made_from_the_results():
     assert table[4] == "| ours llamacpp --draft auto | llamacpp | 111.1 | 1.25x (min 1.25) | 1.11x | 2 identical |"
 
 
-class _Gaps:
-    def __init__(self, gap: float) -> None:
-        self.gap = gap
+class _KernelModel:
+    """A target whose one-token logits favour token 5 and whose batched logits favour `batched_favours`."""
 
-    def logit_gap(self, engine, ids, prefix) -> float:
-        return self.gap
+    vocab_size = 8
+
+    def __init__(self, batched_favours: int) -> None:
+        self.batched_favours = batched_favours
+
+    def prefill(self, ids):
+        return torch.zeros(8)
+
+    def extend(self, ids):
+        rows = torch.zeros(len(ids), 8)
+        rows[:, 5] = 1.0
+        if len(ids) > 1:
+            rows[-1, self.batched_favours] = 1.2
+        return rows
 
 
-@pytest.mark.parametrize("gap, status", [(0.01, "near tie"), (3.0, "MISMATCH")])
-def test_a_greedy_divergence_is_a_near_tie_only_where_the_top_two_logits_are_close(gap, status):
-    runs = {"ours llamacpp target alone": Run([1, 2, 3], 1.0), "ours llamacpp --draft auto": Run([1, 2, 4], 1.0)}
-    check = _greedy_check(_Gaps(gap), list(runs), torch.tensor([0]), runs)["ours llamacpp --draft auto"]
-    assert check == {"status": status, "position": 2, "logit_gap": gap}
-    assert gap < engines.NEAR_TIE or status == "MISMATCH"
+def _methods(model) -> engines._Methods:
+    methods = object.__new__(engines._Methods)
+    methods.pipelines = {("llamacpp", False): SimpleNamespace(target=SimpleNamespace(model=model))}
+    return methods
+
+
+@pytest.mark.parametrize("batched_favours, status", [(7, "near tie"), (5, "MISMATCH")])
+def test_a_greedy_divergence_is_a_near_tie_only_where_the_batched_kernel_orders_the_top_two_otherwise(
+        batched_favours, status):
+    """Plain decoding's [1, 2, 5] against a speculative [1, 2, 7]: explained where the batched logits prefer 7."""
+    runs = {"ours llamacpp target alone": Run([1, 2, 5], 1.0), "ours llamacpp --draft auto": Run([1, 2, 7], 1.0)}
+    check = _greedy_check(_methods(_KernelModel(batched_favours)), list(runs), torch.tensor([0]), runs)
+    check = check["ours llamacpp --draft auto"]
+    assert check["status"] == status and check["position"] == 2 and check["logit_gap"] == pytest.approx(1.0)
+    assert check["kernel_difference"] == pytest.approx(1.2 if batched_favours == 7 else 0.2)
+
+
+def test_a_divergence_at_the_first_token_is_a_mismatch():
+    runs = {"ours llamacpp target alone": Run([5], 1.0), "ours llamacpp --draft auto": Run([7], 1.0)}
+    check = _greedy_check(_methods(_KernelModel(7)), list(runs), torch.tensor([0]), runs)
+    assert check["ours llamacpp --draft auto"] == {"status": "MISMATCH", "position": 0}
 
 
 def test_every_method_names_a_known_engine():
     assert {engine for engine, _ in METHODS.values()} == {"llamacpp", "native", "hf"}
+
+
+def test_a_peer_that_failed_on_a_prompt_is_left_out_and_counted():
+    results = _results()
+    results["prompts"][1]["runs"]["0.0"]["llama.cpp"] = {"error": "ValueError: could not broadcast"}
+    summary = summarize(results)["0.0"]
+    assert summary["llama.cpp"]["prompts"] == 1 and summary["llama.cpp"]["errors"] == 1
+    assert summary["ours llamacpp --draft auto"]["vs_engine_peer"] == pytest.approx(1.0)  # prompt 0 only
+    results["summary"] = summarize(results)
+    results["machine"], results["target"], results["max_new_tokens"] = {"cpu": "cpu", "cpus": 2}, "t", 100
+    assert "llama.cpp failed on question 1 at T=0.0 (left out): ValueError" in engines.render(results)

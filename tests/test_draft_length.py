@@ -81,3 +81,25 @@ def test_draft_length_must_cover_gamma():
     with pytest.raises(ValueError, match="fewer than gamma"):
         generate(TableModel(4, 0), [0, 1], drafter=PromptLookupDrafter(), gamma=5,
                  draft_length=AdaptiveDraftLength(FLAT, 3))
+
+
+def test_lookup_then_model_drafts_no_model_token_where_only_the_lookup_pays():
+    """Costs where the model draft (c = 0.5) never pays and the lookup's optimistic prior does: the model is
+    never asked for a token, however long the lookup's budget."""
+    from specdecode.drafters import LookupThenModelDrafter
+
+    class CountingDrafter(ModelDrafter):
+        asked = 0
+
+        def propose(self, generated, gamma, sampling, generator):
+            CountingDrafter.asked += 1
+            return super().propose(generated, gamma, sampling, generator)
+
+    model = CountingDrafter(TableModel(8, 1))
+    drafter = LookupThenModelDrafter(model, min_match=2, max_match=3)
+    policy = AdaptiveDraftLength(FLAT, 4, {model.name: 5.0})
+    result = generate(TableModel(8, 0), [0, 1, 2, 3, 0, 1], drafter=drafter, gamma=4, max_new_tokens=30,
+                      sampling=SamplingParams(0.0), draft_length=policy)
+    assert CountingDrafter.asked == 0 and drafter.lookup_drafts > 0
+    assert result.token_ids == generate(TableModel(8, 0), [0, 1, 2, 3, 0, 1], max_new_tokens=30,
+                                        sampling=SamplingParams(0.0)).token_ids

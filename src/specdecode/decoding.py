@@ -226,7 +226,12 @@ def _loop(
         draft = Draft.empty()
         if g > 0:
             with draft_clock:
-                draft = drafter.propose(torch.tensor(generated), g, sampling, generator)
+                if draft_length is not None and hasattr(drafter, "propose_within"):  # a budget per source
+                    limit = g
+                    draft = drafter.propose_within(torch.tensor(generated), lambda s: draft_length.best(s, limit),
+                                                   sampling, generator)
+                else:
+                    draft = drafter.propose(torch.tensor(generated), g, sampling, generator)
             stats.draft_calls += 1
             if len(draft) > g:
                 raise RuntimeError(f"drafter {drafter.name} proposed {len(draft)} tokens, more than gamma = {g}")

@@ -150,7 +150,10 @@ def make_drafter(spec: str | None, target: LoadedModel, backend: str = "auto",
     """
     if spec is None or spec == "none":
         return None
-    native = keeps_features(target.model)  # an EAGLE draft can read it (the native or the llama.cpp engine)
+    # 'auto' runs the bundled EAGLE draft on the native engine only: on llama.cpp it makes every prompt token an
+    # output (up to 2.7x slower prefills of long prompts here) and breaks even at best (docs/llamacpp-engine.md);
+    # asked for by name it runs on any engine that keeps features
+    native = isinstance(target.model, NativeLM)
     spec = resolve_draft_name(spec, target.source, native)
     model_spec = draft_model_part(spec, target.source, native)
     if model_spec is None:

@@ -22,9 +22,10 @@ def default_drafts(target: str = DEFAULT_TARGET, backend: str = "auto") -> tuple
     resolves to today, prompt lookup, unigram and bigram."""
     from specdecode.pipeline import DEFAULT_DRAFT, bundled_draft_runs, resolve_draft_name
 
-    native = backend != "hf"  # an EAGLE draft reads the native engine (the bench's 'auto', run.py) and llama.cpp
-    model = ("bundled",) if bundled_draft_runs(target, native) else ()
-    return _unique((*model, resolve_draft_name(DEFAULT_DRAFT, target, native), "ngram", *STATISTICAL_DRAFTS))
+    # an EAGLE draft reads the native engine (the bench's 'auto', run.py) and llama.cpp; 'auto' runs it on native only
+    model = ("bundled",) if bundled_draft_runs(target, backend != "hf") else ()
+    auto = resolve_draft_name(DEFAULT_DRAFT, target, backend not in ("hf", "llamacpp"))
+    return _unique((*model, auto, "ngram", *STATISTICAL_DRAFTS))
 
 
 def _unique(items) -> tuple:

@@ -55,7 +55,9 @@ class Drafter(Protocol):
     """A swappable source of draft tokens.
 
     A drafter may also have `sources`, the names its drafts' `Draft.source` take (prompt lookup per match
-    length, a model), for the loop's cost-aware draft length to learn each one's acceptance apart.
+    length, a model), for the loop's cost-aware draft length to learn each one's acceptance apart, and
+    `propose_within(generated, budget, sampling, generator)`, proposing at most budget(source) tokens from
+    each source (`LookupThenModelDrafter`: the model drafts nothing where its budget is 0).
     """
 
     name: str

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import torch
 
@@ -46,6 +47,27 @@ class LookupThenModelDrafter:
         self._last = self.model
         self.model_drafts += 1
         draft = self.model.propose(generated, gamma, sampling, generator)
+        return draft if draft.source else dataclasses.replace(draft, source=self.model.name)
+
+    def propose_within(self, generated: torch.Tensor, budget: Callable[[str], int], sampling: SamplingParams,
+                       generator: torch.Generator | None) -> Draft:
+        """propose, with each source asked for at most budget(source) tokens (a cost-aware draft length): the model
+        drafts only where the lookup finds nothing and its own budget is not 0, so no draft token it pays for is
+        cut unverified because the lookup's budget was longer."""
+        lookup_budget = max(budget(source) for source in self.lookup.sources)
+        if lookup_budget:
+            draft = self.lookup.propose(generated, lookup_budget, sampling, generator)
+            if len(draft):
+                self._last = self.lookup
+                self.lookup_drafts += 1
+                return draft
+        model_budget = max(budget(source) for source in draft_sources(self.model))
+        if not model_budget:
+            self._last = None
+            return Draft.empty()
+        self._last = self.model
+        self.model_drafts += 1
+        draft = self.model.propose(generated, model_budget, sampling, generator)
         return draft if draft.source else dataclasses.replace(draft, source=self.model.name)
 
     def observe(self, draft: Draft, num_accepted: int) -> None:
