@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
@@ -43,46 +41,35 @@ def test_headline_table_is_made_from_the_results():
     assert table[4] == "| ours llamacpp --draft auto | llamacpp | 111.1 | 1.25x (min 1.25) | 1.11x | 2 identical |"
 
 
-class _KernelModel:
-    """A target whose one-token logits favour token 5 and whose batched logits favour `batched_favours`."""
-
-    vocab_size = 8
-
-    def __init__(self, batched_favours: int) -> None:
-        self.batched_favours = batched_favours
-
-    def prefill(self, ids):
-        return torch.zeros(8)
-
-    def extend(self, ids):
-        rows = torch.zeros(len(ids), 8)
-        rows[:, 5] = 1.0
-        if len(ids) > 1:
-            rows[-1, self.batched_favours] = 1.2
-        return rows
+def _runs(spec_last: torch.Tensor) -> dict[str, Run]:
+    """Plain decoding's [1, 2, 5] and a speculative [1, 2, 7], with the logits each chose its third token from."""
+    plain_last = torch.zeros(8)
+    plain_last[5], plain_last[7] = 1.0, 0.9
+    same = {0: torch.zeros(8), 1: torch.zeros(8)}
+    return {"ours llamacpp target alone": Run([1, 2, 5], 1.0, logits={**same, 2: plain_last}),
+            "ours llamacpp --draft auto": Run([1, 2, 7], 1.0, logits={**same, 2: spec_last})}
 
 
-def _methods(model) -> engines._Methods:
-    methods = object.__new__(engines._Methods)
-    methods.pipelines = {("llamacpp", False): SimpleNamespace(target=SimpleNamespace(model=model))}
-    return methods
+@pytest.mark.parametrize("shift, status", [(0.3, "near tie"), (3.0, "MISMATCH")])
+def test_a_greedy_divergence_is_a_near_tie_only_within_the_engines_kernel_noise(shift, status):
+    spec_last = torch.zeros(8)
+    spec_last[5], spec_last[7] = 1.0, 1.0 + shift  # the speculative run's logits preferred 7
+    check = _greedy_check(list(_runs(spec_last)), _runs(spec_last), {"llamacpp": 0.5})["ours llamacpp --draft auto"]
+    assert check["status"] == status and check["position"] == 2
+    assert check["logit_gap"] == pytest.approx(0.1) and check["logit_difference"] == pytest.approx(0.1 + shift)
 
 
-@pytest.mark.parametrize("batched_favours, status", [(7, "near tie"), (5, "MISMATCH")])
-def test_a_greedy_divergence_is_a_near_tie_only_where_the_batched_kernel_orders_the_top_two_otherwise(
-        batched_favours, status):
-    """Plain decoding's [1, 2, 5] against a speculative [1, 2, 7]: explained where the batched logits prefer 7."""
-    runs = {"ours llamacpp target alone": Run([1, 2, 5], 1.0), "ours llamacpp --draft auto": Run([1, 2, 7], 1.0)}
-    check = _greedy_check(_methods(_KernelModel(batched_favours)), list(runs), torch.tensor([0]), runs)
-    check = check["ours llamacpp --draft auto"]
-    assert check["status"] == status and check["position"] == 2 and check["logit_gap"] == pytest.approx(1.0)
-    assert check["kernel_difference"] == pytest.approx(1.2 if batched_favours == 7 else 0.2)
+def test_kernel_noise_compares_one_batched_call_with_single_tokens():
+    class Rounding:
+        vocab_size, max_length = 8, 1000
 
+        def prefill(self, ids):
+            return torch.zeros(8)
 
-def test_a_divergence_at_the_first_token_is_a_mismatch():
-    runs = {"ours llamacpp target alone": Run([5], 1.0), "ours llamacpp --draft auto": Run([7], 1.0)}
-    check = _greedy_check(_methods(_KernelModel(7)), list(runs), torch.tensor([0]), runs)
-    assert check["ours llamacpp --draft auto"] == {"status": "MISMATCH", "position": 0}
+        def extend(self, ids):
+            return torch.full((len(ids), 8), 0.25 if len(ids) > 1 else 0.0)
+
+    assert engines.kernel_noise(Rounding()) == pytest.approx(0.25)
 
 
 def test_every_method_names_a_known_engine():
