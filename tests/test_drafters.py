@@ -142,3 +142,17 @@ def test_model_drafter_ends_its_draft_after_the_first_token_its_q_gave_less_than
 def test_model_drafter_min_confidence_must_be_a_probability(value):
     with pytest.raises(ValueError, match="min_confidence"):
         ModelDrafter(TableModel(4, 0), min_confidence=value)
+
+
+def test_the_ngram_index_drafts_what_find_match_does_as_the_context_grows():
+    """PromptLookupDrafter's incremental index against the reference search, on random small-vocabulary contexts
+    (many repeats), token by token, and after a context that is not an extension of the last one."""
+    from specdecode.drafters.prompt_lookup import NgramIndex, find_match
+
+    g = torch.Generator().manual_seed(0)
+    for trial in range(20):
+        context = torch.randint(0, 4 + trial % 5, (60,), generator=g).tolist()
+        index = NgramIndex(3, 1 + trial % 2)
+        for length in list(range(1, 61)) + [30, 45]:  # then shorter: a fresh index
+            expected_tokens, expected_n = find_match(torch.tensor(context[:length]), 4, 3, 1 + trial % 2)
+            assert index.match(context[:length], 4) == (expected_tokens.tolist(), expected_n), (trial, length)

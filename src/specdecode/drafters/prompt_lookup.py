@@ -17,6 +17,8 @@ class PromptLookupDrafter:
     that occurred earlier in the context (prompt + generated) and proposes the
     tokens that followed its most recent occurrence. The draft is one-hot (no q). Its source names the
     length of the match ("ngram:1-3@3"): a long match is right more often than a short one.
+    An index of every n-gram's latest position (`NgramIndex`) grows with the context, so a proposal costs
+    the same after 10 tokens as after 2,000 (the same drafts as `find_continuation`).
     """
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
@@ -28,20 +30,52 @@ class PromptLookupDrafter:
         self.min_ngram = min_ngram
         self.name = f"ngram:{min_ngram}-{max_ngram}"
         self.sources = tuple(f"{self.name}@{n}" for n in range(min_ngram, max_ngram + 1))
-        self._prompt = torch.zeros(0, dtype=torch.long)
+        self._prompt: list[int] = []
+        self._index = NgramIndex(max_ngram, min_ngram)
 
     def start(self, prompt_ids: torch.Tensor) -> None:
-        self._prompt = prompt_ids.to(torch.long)
+        self._prompt = prompt_ids.to(torch.long).tolist()
+        self._index = NgramIndex(self.max_ngram, self.min_ngram)
 
     def propose(
         self, generated: torch.Tensor, gamma: int, sampling: SamplingParams, generator: torch.Generator | None
     ) -> Draft:
-        context = torch.cat([self._prompt, generated.to(torch.long)])
-        tokens, matched = find_match(context, gamma, self.max_ngram, self.min_ngram)
-        return Draft(tokens, source=f"{self.name}@{matched}" if matched else None)
+        tokens, matched = self._index.match(self._prompt + generated.tolist(), gamma)
+        return Draft(torch.tensor(tokens, dtype=torch.long), source=f"{self.name}@{matched}" if matched else None)
 
     def observe(self, draft: Draft, num_accepted: int) -> None:
         """Stateless: nothing to learn from the outcome."""
+
+
+class NgramIndex:
+    """The latest start of every n-gram (min_ngram <= n <= max_ngram) of a growing context that has a successor.
+
+    match(context) indexes the tokens added since the last call (a context that is not an extension of the last
+    one is indexed from scratch) and returns what find_match would.
+    """
+
+    def __init__(self, max_ngram: int, min_ngram: int) -> None:
+        self.sizes = range(max_ngram, min_ngram - 1, -1)
+        self._context: list[int] = []
+        self._latest: dict[tuple[int, ...], int] = {}  # n-gram -> its latest start s with s + n < len(context)
+
+    def match(self, context: list[int], gamma: int) -> tuple[list[int], int]:
+        """Up to gamma tokens after the latest earlier occurrence of the longest matching suffix, and its length."""
+        old = len(self._context)
+        if len(context) < old or context[:old] != self._context:
+            self._latest, old = {}, 0
+        self._context = context
+        for end in range(max(old, 1), len(context)):  # n-grams ending at end - 1 now have a successor
+            for n in self.sizes:
+                if end >= n:
+                    self._latest[tuple(context[end - n:end])] = end - n
+        length = len(context)
+        for n in self.sizes:
+            if n < length:
+                start = self._latest.get(tuple(context[length - n:]))
+                if start is not None:
+                    return context[start + n:start + n + gamma], n
+        return [], 0
 
 
 def find_continuation(context: torch.Tensor, gamma: int, max_ngram: int, min_ngram: int = 1) -> torch.Tensor:
