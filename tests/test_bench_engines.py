@@ -85,3 +85,14 @@ def test_a_peer_that_failed_on_a_prompt_is_left_out_and_counted():
     results["summary"] = summarize(results)
     results["machine"], results["target"], results["max_new_tokens"] = {"cpu": "cpu", "cpus": 2}, "t", 100
     assert "llama.cpp failed on question 1 at T=0.0 (left out): ValueError" in engines.render(results)
+
+
+def test_the_committed_report_and_readme_tables_come_from_the_committed_results():
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    results = json.loads((root / "docs/benchmarks/xeon-engines/headline/results.json").read_text())
+    table = headline_table(results)
+    assert table in (root / "docs/benchmarks/xeon-engines/headline/report.md").read_text()
+    assert table in (root / "README.md").read_text()

@@ -57,26 +57,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _gamma(text: str) -> int:
-    """argparse type of --gamma: an integer >= 1."""
-    try:
-        gamma = int(text)
-    except ValueError:
-        gamma = 0
-    if gamma < 1:
-        raise argparse.ArgumentTypeError(f"gamma must be an integer >= 1, got {text!r}")
-    return gamma
+def _positive_integer(name: str):
+    """An argparse type: an integer >= 1, else an error naming the option."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer >= 1, got {text!r}")
+        return value
+
+    return parse
 
 
-def _threads(text: str) -> int:
-    """argparse type of --threads: an integer >= 1."""
-    try:
-        threads = int(text)
-    except ValueError:
-        threads = 0
-    if threads < 1:
-        raise argparse.ArgumentTypeError(f"threads must be an integer >= 1, got {text!r}")
-    return threads
+_gamma = _positive_integer("gamma")  # --gamma
+_threads = _positive_integer("threads")  # --threads
 
 
 def _min_confidence(text: str) -> float:
