@@ -264,10 +264,16 @@ def run_engines_bench(prompts: Sequence[BenchPrompt], out: Path, target: str = D
                 entry["greedy"] = _greedy_check(methods, runs, results["kernel_noise"])
             record["runs"][str(temperature)] = entry
         results["prompts"].append(record)
-        results["summary"] = summarize(results)
-        (out / "results.json").write_text(json.dumps(results, indent=1))
-        (out / "report.md").write_text(render(results))
+        _write(results, out)
+    _write(results, out)  # also when every prompt was too long
     return results
+
+
+def _write(results: dict, out: Path) -> None:
+    """results.json with a fresh summary, and report.md."""
+    results["summary"] = summarize(results)
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    (out / "report.md").write_text(render(results))
 
 
 def _machine() -> dict:
@@ -364,7 +370,8 @@ def render(results: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specdecode.bench.engines", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m specdecode.bench.engines", description=__doc__.splitlines()[0],
+                                     epilog="exit status 1 when a greedy output differs beyond the kernel noise")
     parser.add_argument("--prompts", default="../shared/data/spec_bench_dev.jsonl", help="a Spec-Bench JSONL file or humaneval")
     parser.add_argument("--limit", type=int, default=None, help="this many prompts, spread over the categories")
     parser.add_argument("--target", default=DEFAULT_TARGET)
@@ -384,6 +391,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print((args.out / "report.md").read_text())
+    results = json.loads((args.out / "results.json").read_text())
+    summary = results.get("summary", {}).get("0.0", {})
+    mismatches = sum(row.get("greedy", {}).get("MISMATCH", 0) for row in summary.values())
+    if mismatches:
+        print(f"GREEDY MISMATCH on {mismatches} prompt(s): speculative output differs from the target alone beyond "
+              "the engine's kernel noise (a bug, please report it)", file=sys.stderr)
+        return 1
     return 0
 
 
