@@ -45,7 +45,7 @@ def test_the_profile_checks_its_times():
 
 
 def test_acceptance_is_learned_per_source_from_the_prior():
-    policy = AdaptiveDraftLength(FLAT, 4, {"a": 0.3, "b": 0.3}, prior_alpha=0.95, prior_weight=1.0, margin=0.0)
+    policy = AdaptiveDraftLength(FLAT, 4, {"a": 0.3, "b": 0.3}, prior_alpha=0.95, prior_weight=1.0, margin=0.0, decay=1.0)
     assert policy.budget(["a", "b"], 4) == 4
     for _ in range(5):
         policy.observe("a", 4, 0)  # always rejected at once
@@ -103,3 +103,18 @@ def test_lookup_then_model_drafts_no_model_token_where_only_the_lookup_pays():
     assert CountingDrafter.asked == 0 and drafter.lookup_drafts > 0
     assert result.token_ids == generate(TableModel(8, 0), [0, 1, 2, 3, 0, 1], max_new_tokens=30,
                                         sampling=SamplingParams(0.0)).token_ids
+
+
+def test_a_source_that_stopped_paying_is_tried_again_later():
+    policy = AdaptiveDraftLength(LLAMA_CPP, 4)
+    for _ in range(3):
+        policy.observe("ngram@3", 1, 0)
+    assert policy.best("ngram@3", 4) == 0
+    calls = 0
+    while policy.best("ngram@3", 4) == 0:
+        policy.called(1)
+        calls += 1
+    assert 20 < calls < 100  # the rejections fade: a copy that starts to pay is not missed for good
+    assert AdaptiveDraftLength(LLAMA_CPP, 4, decay=1.0).acceptance("x") == [0.9] * 4
+    with pytest.raises(ValueError, match="decay"):
+        AdaptiveDraftLength(LLAMA_CPP, 4, decay=0.0)

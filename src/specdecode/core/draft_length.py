@@ -100,7 +100,9 @@ class AdaptiveDraftLength:
     have before it has drafted, as prior_weight pseudo-observations at every position: optimistic and weak,
     so that each source is tried, and one rejection at its first token (0.45) stops a source that does not pay
     on a compute-bound engine. margin: a draft must promise this much more than the
-    target alone (a share of its rate), for the noise in T(k) and in the acceptance estimates.
+    target alone (a share of its rate), for the noise in T(k) and in the acceptance estimates. decay: every
+    target call weighs the observations so far by this, so a source that stopped paying (a text that did not
+    repeat yet) is tried again some 50 calls later, and the estimates follow the text as it changes.
     """
 
     profile: CostProfile
@@ -109,12 +111,15 @@ class AdaptiveDraftLength:
     prior_alpha: float = 0.9
     prior_weight: float = 1.0
     margin: float = 0.1
+    decay: float = 0.97
     _stats: dict[str, _SourceStats] = field(default_factory=dict)
     _previous_rows: int | None = None  # the tokens the last target call fed
 
     def __post_init__(self) -> None:
         if isinstance(self.max_gamma, bool) or not isinstance(self.max_gamma, int) or self.max_gamma < 1:
             raise ValueError(f"max_gamma must be an integer >= 1, got {self.max_gamma!r}")
+        if not 0 < self.decay <= 1:
+            raise ValueError(f"decay must be in (0, 1], got {self.decay!r}")
         if not 0 <= self.prior_alpha <= 1:
             raise ValueError(f"prior_alpha must be in [0, 1], got {self.prior_alpha!r}")
         if self.prior_weight <= 0:
@@ -145,6 +150,14 @@ class AdaptiveDraftLength:
     def called(self, rows: int) -> None:
         """A target call fed `rows` tokens (1: the target alone); observe says so for calls with a draft."""
         self._previous_rows = rows
+        self._forget()
+
+    def _forget(self) -> None:
+        """Weigh every observation so far by `decay` (once per target call)."""
+        if self.decay < 1:
+            for stats in self._stats.values():
+                stats.reached = [r * self.decay for r in stats.reached]
+                stats.accepted = [a * self.decay for a in stats.accepted]
 
     def keep(self, source: str, drafted: int) -> int:
         """How many of the `drafted` tokens that `source` proposed to verify (the draft's cost is spent by now)."""
@@ -154,7 +167,7 @@ class AdaptiveDraftLength:
         """After a call: `verified` draft tokens of `source` went to the target, `accepted` of them were kept."""
         if not 0 <= accepted <= verified <= self.max_gamma:
             raise ValueError(f"need 0 <= accepted ({accepted}) <= verified ({verified}) <= {self.max_gamma}")
-        self._previous_rows = verified + 1
+        self.called(verified + 1)
         stats = self._stats.setdefault(source, _SourceStats([0.0] * self.max_gamma, [0.0] * self.max_gamma))
         for i in range(min(accepted + 1, verified)):
             stats.reached[i] += 1
