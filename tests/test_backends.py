@@ -85,3 +85,14 @@ def test_a_truncated_gguf_gets_the_loaders_error(tmp_path):
     (tmp_path / "cut.gguf").write_bytes(whole[:200])  # an interrupted download
     with pytest.raises(ValueError, match="not a valid GGUF file"):
         backends.load(str(tmp_path / "cut.gguf"))
+
+
+def test_bfloat16_weights_on_the_native_engine_and_a_clear_error_elsewhere(checkpoints):
+    import torch
+
+    loaded = backends.load(str(checkpoints["llama"]), "native", dtype="bfloat16")
+    assert loaded.model.model.dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="dtype must be one of float32, bfloat16"):
+        backends.load(str(checkpoints["llama"]), "native", dtype="float16")
+    with pytest.raises(ValueError, match="dtype='bfloat16' is the native engine's"):
+        backends.load(str(checkpoints["llama"]), "llamacpp", dtype="bfloat16")

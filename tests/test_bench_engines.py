@@ -54,7 +54,8 @@ def _runs(spec_last: torch.Tensor) -> dict[str, Run]:
 def test_a_greedy_divergence_is_a_near_tie_only_within_the_engines_kernel_noise(shift, status):
     spec_last = torch.zeros(8)
     spec_last[5], spec_last[7] = 1.0, 1.0 + shift  # the speculative run's logits preferred 7
-    check = _greedy_check(list(_runs(spec_last)), _runs(spec_last), {"llamacpp": 0.5})["ours llamacpp --draft auto"]
+    methods = [engines.parse_method(name) for name in _runs(spec_last)]
+    check = _greedy_check(methods, _runs(spec_last), {"llamacpp": 0.5})["ours llamacpp --draft auto"]
     assert check["status"] == status and check["position"] == 2
     assert check["logit_gap"] == pytest.approx(0.1) and check["logit_difference"] == pytest.approx(0.1 + shift)
 
@@ -72,8 +73,22 @@ def test_kernel_noise_compares_one_batched_call_with_single_tokens():
     assert engines.kernel_noise(Rounding()) == pytest.approx(0.25)
 
 
-def test_every_method_names_a_known_engine():
-    assert {engine for engine, _ in METHODS.values()} == {"llamacpp", "native", "hf"}
+def test_every_default_method_names_a_known_engine():
+    assert {engines.parse_method(name).engine for name in METHODS} == {"llamacpp", "native", "hf"}
+
+
+def test_method_names_are_parsed_into_pipeline_options():
+    m = engines.parse_method("ours native --dtype bfloat16 --draft qwen+ngram --draft-backend llamacpp --gamma 4")
+    assert (m.engine, m.kind, m.dtype, m.draft, m.draft_backend, m.gamma) == (
+        "native", "ours", "bfloat16", "qwen+ngram", "llamacpp", 4)
+    assert m.group == "native bfloat16"
+    alone = engines.parse_method("ours native --dtype bfloat16 target alone")
+    assert alone.draft is None and alone.group == m.group
+    assert engines.parse_method("llama.cpp speculative qwen").draft == "qwen"
+    for bad in ("ours gpu target alone", "ours native --draft x target alone", "ours native --dtype fp8 target alone",
+                "llama.cpp speculative "):
+        with pytest.raises(ValueError, match="methods"):
+            engines.parse_method(bad)
 
 
 def test_a_peer_that_failed_on_a_prompt_is_left_out_and_counted():
@@ -96,3 +111,20 @@ def test_the_committed_report_and_readme_tables_come_from_the_committed_results(
     table = headline_table(results)
     assert table in (root / "docs/benchmarks/xeon-engines/headline/report.md").read_text()
     assert table in (root / "README.md").read_text()
+
+
+def test_the_speculation_summary_predicts_the_speedup_by_thm_3_8_from_measured_counts():
+    def stats(new, calls, seconds, draft_tokens=0, draft_seconds=0.0, proposed=(), accepted=()):
+        return {"new_tokens": new, "target_calls": calls, "seconds": seconds, "first_token_seconds": 0.1,
+                "draft_tokens": draft_tokens, "draft_seconds": draft_seconds, "proposed_per_position": list(proposed),
+                "accepted_per_position": list(accepted)}
+
+    # 5 calls of 2 draft tokens, each first token accepted: 10 tokens after the first, 2 per call
+    spec = {"draft_lengths": {"2": 5}, "stats": stats(11, 6, 0.95, 10, 0.1, (5, 5), (5, 0))}
+    plain = {"stats": stats(11, 11, 1.1)}
+    costs = {"t1_seconds": 0.1, "ratios": {"1": 1.0, "2": 1.2, "3": 1.5}}
+    out = engines._speculation([spec], [plain], costs)
+    assert out["tokens_per_call"] == 2.0 and out["alpha_per_position"] == [1.0, 0.0]
+    assert out["c"] == pytest.approx(0.1)  # 0.1 s over 10 draft tokens, over T(1) = 0.1 s
+    assert out["predicted_speedup"] == pytest.approx(10 / (5 * 1.5 + 10 * 0.1))
+    assert out["measured_speedup"] == pytest.approx((10 / 0.85) / (10 / 1.0))

@@ -155,14 +155,14 @@ def test_the_target_layout_is_chosen_for_gamma_plus_one_tokens_per_call_at_most_
 
 def test_auto_on_the_default_target_verifies_three_tokens_per_call_as_its_eagle_draft_ends_early():
     assert verification_rows("auto", 5, 0.6) == 3 and verification_rows("bundled", 1, 0.6) == 2
-    assert verification_rows("auto", 5, 0.0) == 6 and verification_rows("auto", 5, 0.6, native=False) == 6  # ngram
+    assert verification_rows("auto", 5, 0.0) == 6 and verification_rows("auto", 5, 0.6, engine="llamacpp") == 6  # ngram
     assert verification_rows("none", 5, 0.6) == 1
 
 
 def test_draft_model_part_names_the_model_a_draft_runs(dirs):
     bundled = str(bundled_draft_dir("smollm2-135m-instruct"))
     assert draft_model_part("auto") == draft_model_part("bundled+ngram") == draft_model_part("bundled") == bundled
-    assert draft_model_part("auto", native=False) is None  # prompt lookup: the EAGLE draft needs the native engine
+    assert draft_model_part("auto", engine="llamacpp") is None  # prompt lookup: the pair's entry is native only
     assert draft_model_part("ngram") is None and draft_model_part("none") is None
     assert draft_model_part("some/dir+ngram") == "some/dir"
     assert draft_model_part("auto", str(dirs["target"])) is None  # no bundled draft: prompt lookup

@@ -551,6 +551,7 @@ def test_auto_is_the_bundled_draft_with_prompt_lookup_at_gamma_five_where_there_
     from specdecode.pipeline import default_gamma, resolve_draft_name
 
     assert resolve_draft_name("auto", DEFAULT_TARGET) == "bundled+ngram"
+    assert resolve_draft_name("auto", DEFAULT_TARGET, "llamacpp") == "ngram"
     assert resolve_draft_name("auto", "some/other-model") == "ngram"
     assert resolve_draft_name("bundled") == "bundled"
     assert default_gamma("auto") == 5 and default_gamma("ngram") == 4 and default_gamma("bundled") == 4

@@ -106,7 +106,7 @@ def test_lookup_then_model_drafts_no_model_token_where_only_the_lookup_pays():
 
 
 def test_a_source_that_stopped_paying_is_tried_again_later():
-    policy = AdaptiveDraftLength(LLAMA_CPP, 4)
+    policy = AdaptiveDraftLength(LLAMA_CPP, 4, prior_alpha=0.9, prior_weight=1.0)
     for _ in range(3):
         policy.observe("ngram@3", 1, 0)
     assert policy.best("ngram@3", 4) == 0
@@ -115,6 +115,46 @@ def test_a_source_that_stopped_paying_is_tried_again_later():
         policy.called(1)
         calls += 1
     assert 20 < calls < 100  # the rejections fade: a copy that starts to pay is not missed for good
-    assert AdaptiveDraftLength(LLAMA_CPP, 4, decay=1.0).acceptance("x") == [0.9] * 4
+    assert AdaptiveDraftLength(LLAMA_CPP, 4, prior_alpha=0.9, decay=1.0).acceptance("x") == [0.9] * 4
     with pytest.raises(ValueError, match="decay"):
         AdaptiveDraftLength(LLAMA_CPP, 4, decay=0.0)
+
+
+def test_unverified_draft_tokens_are_learned_like_verified_ones():
+    policy = AdaptiveDraftLength(LLAMA_CPP, 4, prior_alpha=0.5, prior_weight=2.0, decay=1.0)
+    for _ in range(8):
+        policy.observe_unverified("ngram@3", 0, True)
+        policy.observe_unverified("ngram@3", 1, True)
+    assert policy.acceptance("ngram@3")[:3] == [pytest.approx(9 / 10), pytest.approx(9 / 10), 0.5]
+    assert policy.best("ngram@3", 4) >= 1
+    with pytest.raises(ValueError, match="position"):
+        policy.observe_unverified("ngram@3", 4, True)
+
+
+def test_the_loop_learns_a_lookup_it_does_not_verify_and_then_drafts_it():
+    """A pessimistic prior: no lookup draft is worth verifying on llama.cpp's costs before it is known to be right.
+    The target alone runs, the loop follows each lookup against the target's tokens, learns that the cycle
+    repeats, and drafts it; the output is the target's own greedy output."""
+    prompt = [2, 3, 4, 5, 6, 7] * 2
+    target = TableModel(8, 0)
+    target.table[:] = -10.0
+    for a, b in zip(prompt, prompt[1:] + prompt[:1]):  # the target continues the cycle
+        target.table[prompt[prompt.index(a) - 1], a, b] = 10.0
+    policy = AdaptiveDraftLength(LLAMA_CPP, 4, prior_alpha=0.3, prior_weight=2.0)
+    assert policy.budget(PromptLookupDrafter().sources, 4) == 0
+    result = generate(target, prompt, drafter=PromptLookupDrafter(), gamma=4, max_new_tokens=40,
+                      sampling=SamplingParams(0.0), draft_length=policy)
+    assert result.stats.draft_lengths[0] >= 2 and max(result.stats.draft_lengths) >= 2, result.stats.draft_lengths
+    assert result.stats.alpha == 1.0
+    assert result.token_ids == generate(target, prompt, max_new_tokens=40, sampling=SamplingParams(0.0)).token_ids
+
+
+def test_the_prior_is_optimistic_where_verification_is_cheap_and_pessimistic_where_it_costs():
+    assert AdaptiveDraftLength(FLAT, 4).acceptance("x") == [0.9] * 4
+    assert AdaptiveDraftLength(LLAMA_CPP, 4).acceptance("x") == [0.5] * 4
+    measured = CostProfile(LLAMA_CPP.target_seconds, switch_seconds=0.05)  # with llama.cpp's change of shape
+    steep, flat = AdaptiveDraftLength(measured, 4), AdaptiveDraftLength(FLAT, 4)
+    steep.called(1)
+    flat.called(1)
+    assert steep.best("x", 4) == 0  # after the target alone: not worth verifying before it is known to be right
+    assert flat.best("x", 4) == 4

@@ -238,17 +238,33 @@ def test_eagle_samples_match_native_target_distribution(sampling, min_confidence
 SWITCHING_COSTS = CostProfile({1: 1.0, 2: 1.3, 3: 1.45, 4: 1.6, 5: 3.0})
 
 
+class _CountingDraftLength(AdaptiveDraftLength):
+    """Counts the unverified draft tokens it was told about (prompt lookup followed while nothing was drafted)."""
+
+    unverified = 0
+
+    def observe_unverified(self, source: str, position: int, accepted: bool) -> None:
+        _CountingDraftLength.unverified += 1
+        super().observe_unverified(source, position, accepted)
+
+
 @pytest.mark.slow
-def test_cost_aware_draft_lengths_keep_the_target_distribution():
-    """`--draft auto`'s draft length: chosen per call from the costs and earlier calls' acceptance, 0 included."""
-    target, drafter, sampling = TableModel(4, 0), _draft(4), SamplingParams(1.0)
+@pytest.mark.parametrize("make_drafter", [lambda: _draft(4), lambda: LookupThenModelDrafter(_draft(4), 1, 2)],
+                         ids=["model", "lookup-then-model"])
+def test_cost_aware_draft_lengths_keep_the_target_distribution(make_drafter):
+    """`--draft auto`'s draft length: chosen per call from the costs and earlier calls' acceptance, 0 included;
+    with prompt lookup, also from lookups followed unverified while the target ran alone."""
+    target, drafter, sampling = TableModel(4, 0), make_drafter(), SamplingParams(1.0)
     lengths: Counter = Counter()
+    _CountingDraftLength.unverified = 0
     for seed in range(20):
         stats = generate(target, PROMPT, drafter=drafter, gamma=4, max_new_tokens=6, sampling=sampling,
                          generator=torch.Generator().manual_seed(seed),
-                         draft_length=AdaptiveDraftLength(SWITCHING_COSTS, 4)).stats
+                         draft_length=_CountingDraftLength(SWITCHING_COSTS, 4)).stats
         lengths.update(stats.draft_lengths)
     assert lengths[0] > 0 and sum(n for g, n in lengths.items() if g >= 2) > 0, lengths  # it does switch
+    if isinstance(drafter, LookupThenModelDrafter):
+        assert _CountingDraftLength.unverified > 0
     pvalue, tv = chi_square_pvalue(target, drafter, sampling, 6, 4, 20000,
                                    draft_length=lambda: AdaptiveDraftLength(SWITCHING_COSTS, 4))
     assert pvalue > P_VALUE_FLOOR, f"cost-aware draft length: chi-square p-value {pvalue:.2e}, total variation {tv:.3f}"

@@ -17,6 +17,7 @@ from specdecode.drafters import PromptLookupDrafter
 from specdecode.llamacpp import INSTALL_COMMAND, LlamaCppLM, load_llamacpp
 from specdecode.llamacpp import binding
 from specdecode.models.base import ContextLengthError
+from specdecode.native import NativeLM
 from specdecode.native.loading import load_native
 
 PROMPT = torch.tensor([3, 4, 5, 6, 7, 8, 9, 10])
@@ -124,6 +125,19 @@ def test_auto_times_both_engines_once_and_caches_the_choice(tiny_gguf, monkeypat
     monkeypatch.setattr(backends, "_time_single_tokens", lambda model: pytest.fail("timed again"))
     assert backends.fastest_gguf_engine(path, threads=1) == "llamacpp"  # from the cache
     assert isinstance(backends.load(path, "auto", threads=1).model, LlamaCppLM)
+
+
+def test_auto_takes_llamacpp_for_a_large_file_the_native_engine_has_not_converted(tiny_gguf, tmp_path, monkeypatch):
+    """Timing the native engine would convert the file first (minutes for a 1.5B model): not for a guess."""
+    import shutil
+
+    path = str(shutil.copy(tiny_gguf[0], tmp_path / "large.gguf"))  # no conversion of it is cached
+    monkeypatch.setattr(backends, "_CONVERT_TO_TIME_UP_TO", 0)
+    monkeypatch.setattr(backends, "_time_single_tokens", lambda model: pytest.fail("timed"))
+    assert backends.fastest_gguf_engine(path, threads=1) == "llamacpp"
+    backends.load(path, "native")  # converted now: 'auto' times both
+    monkeypatch.setattr(backends, "_time_single_tokens", lambda model: 0.001 if isinstance(model, NativeLM) else 0.002)
+    assert backends.fastest_gguf_engine(path, threads=1) == "native"
 
 
 def test_auto_runs_gguf_on_native_without_the_binding(tiny_gguf, monkeypatch):

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from specdecode.backends import BACKENDS, PACKINGS
+from specdecode.backends import BACKENDS, DTYPES, PACKINGS
 from specdecode.bench import cli as bench_cli
 from specdecode.core.sampling import SamplingParams
 from specdecode.distill import cli as distill_cli
@@ -16,7 +16,8 @@ from specdecode.decoding import GenerationResult, GenerationStats
 from specdecode.models.loading import DEFAULT_TARGET
 from specdecode.drafters.base import check_min_confidence
 from specdecode.questions import read_questions
-from specdecode.pipeline import AUTO_GAMMA, DEFAULT_DRAFT, DEFAULT_GAMMA, DEFAULT_MIN_CONFIDENCE, Pipeline, incremental_text
+from specdecode.pairs import DEFAULT_MIN_CONFIDENCE
+from specdecode.pipeline import DEFAULT_DRAFT, DEFAULT_GAMMA, Pipeline, incremental_text
 
 __all__ = ["main", "build_parser"]
 
@@ -85,13 +86,15 @@ def _min_confidence(text: str) -> float:
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     """The model options a subcommand shares: --target, --draft, --gamma, --min-confidence, --backend, --packing."""
-    parser.add_argument("--target", default=DEFAULT_TARGET, help=f"target model: {DEFAULT_TARGET} (default), a .gguf file or an HF directory/id")
-    parser.add_argument("--draft", default=DEFAULT_DRAFT, help="draft: 'auto' (default: 'bundled+ngram' where the target has a bundled draft, else 'ngram'), 'ngram' (prompt lookup), 'bundled', 'bundled+ngram', 'none' (target alone), or a model path/id (add '+ngram' to prefer prompt lookup on repeats)")
-    parser.add_argument("--gamma", type=_gamma, default=None, help=f"the most draft tokens per target call (default {AUTO_GAMMA} with --draft auto, else {DEFAULT_GAMMA})")
-    parser.add_argument("--min-confidence", type=_min_confidence, default=DEFAULT_MIN_CONFIDENCE,
+    parser.add_argument("--target", default=DEFAULT_TARGET, help=f"target model: {DEFAULT_TARGET} (default), another known model (qwen2.5-coder-1.5b-instruct, qwen2.5-coder-0.5b-instruct), a .gguf file or an HF directory/id")
+    parser.add_argument("--draft", default=DEFAULT_DRAFT, help="draft: 'auto' (default: the target's draft in specdecode.pairs for its engine, with cost-aware draft lengths; prompt lookup for a target without one), 'ngram' (prompt lookup), 'bundled', 'bundled+ngram', 'none' (target alone), or a known model's name or a model path/id (add '+ngram' to prefer prompt lookup on repeats)")
+    parser.add_argument("--gamma", type=_gamma, default=None, help=f"the most draft tokens per target call (default: the target's pair entry with --draft auto, 5 for the known models; else {DEFAULT_GAMMA})")
+    parser.add_argument("--min-confidence", type=_min_confidence, default=None,
                         help="a draft model (the bundled EAGLE draft, a draft path) ends its draft before gamma tokens after a "
-                             f"token it gave a probability below this (default {DEFAULT_MIN_CONFIDENCE}; 0 always drafts gamma)")
+                             f"token it gave a probability below this (default: the target's pair entry with --draft auto, else {DEFAULT_MIN_CONFIDENCE}; 0 always drafts gamma)")
     parser.add_argument("--backend", choices=BACKENDS, default="auto", help="engine: llamacpp (llama.cpp, GGUF files), native (fast PyTorch Llama/Qwen2/Mistral), hf (transformers), auto (default: a GGUF file on whichever of llamacpp and native decodes it faster here, timed once and cached; other models native where supported)")
+    parser.add_argument("--draft-backend", choices=BACKENDS, default=None, help="engine of a draft model (default: --backend's); e.g. llamacpp runs a GGUF draft's quantized weights beside a native target")
+    parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32", help="weights of the native engine and transformers (target and draft): float32 (default) or bfloat16 (half the memory; on a CPU with AVX-512 BF16 or AMX also faster); llama.cpp runs the GGUF file's own")
     parser.add_argument("--threads", type=_threads, default=None, help="llama.cpp's threads (default: every core this process may use)")
     parser.add_argument("--packing", choices=PACKINGS, default="auto", help="native engine's layout of the target's linear layers: auto (default: with a draft, whichever of dual and none verifies gamma+1 tokens (at most 3 with a draft model that ends early, as --draft auto's does) faster here, timed once per machine and cached; without one dual, the fastest single token), none (plain weights), packed (oneDNN), dual (both)")
 
@@ -114,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(error))  # exits with status 2
     try:
         pipeline = Pipeline.load(args.target, args.draft, args.gamma, args.backend, args.packing,
-                                 min_confidence=args.min_confidence, threads=args.threads)
+                                 min_confidence=args.min_confidence, threads=args.threads, dtype=args.dtype,
+                                 draft_backend=args.draft_backend)
         _warm_up(pipeline)
         progress = _progress(prompts, enabled=args.prompt_file is not None and sys.stderr.isatty())
         for extra, prompt in progress:
@@ -259,7 +263,8 @@ def _serve(parser: argparse.ArgumentParser, args) -> int:
         parser.error(str(error))  # exits with status 2
     try:
         pipeline = Pipeline.load(args.target, args.draft, args.gamma, args.backend, args.packing,
-                                 min_confidence=args.min_confidence, threads=args.threads)
+                                 min_confidence=args.min_confidence, threads=args.threads, dtype=args.dtype,
+                                 draft_backend=args.draft_backend)
         _warm_up(pipeline)
     except (ValueError, FileNotFoundError, ImportError) as error:
         print(f"specdecode: error: {error}", file=sys.stderr)

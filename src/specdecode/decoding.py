@@ -44,6 +44,7 @@ class GenerationStats:
     first_token_seconds: float = 0.0  # until the first new token: the prefills of target and draft
     target_seconds: float = 0.0
     draft_seconds: float = 0.0
+    draft_start_seconds: float = 0.0  # of draft_seconds: the drafter's start (a draft model's prefill)
 
     @property
     def alpha(self) -> float | None:
@@ -190,6 +191,7 @@ def _loop(
     stats.accepted_per_position = [0] * stats.gamma
     target_clock, draft_clock = _Clock(), _Clock()
     generated: list[int] = []
+    unverified: _UnverifiedDraft | None = None  # a one-hot draft's unverified rest, followed (cost-aware only)
 
     def finish(reason: str) -> GenerationResult:
         stats.new_tokens = len(generated)
@@ -207,6 +209,7 @@ def _loop(
     if drafter is not None and max_new_tokens > 1:  # a single token never needs a draft
         with draft_clock:
             drafter.start(prompt)
+        stats.draft_start_seconds = draft_clock.seconds
 
     new = [first]
     stats.first_token_seconds = time.perf_counter() - start
@@ -220,32 +223,74 @@ def _loop(
         room = target.room()  # positions left: the last token plus the draft must fit
         if room < 1:
             return finish("context")
-        g = min(stats.gamma, max_new_tokens - len(generated) - 1, room - 1)
+        limit = g = min(stats.gamma, max_new_tokens - len(generated) - 1, room - 1)
         if g > 0 and draft_length is not None:
             g = draft_length.budget(draft_sources(drafter), g)  # 0 where no draft length pays
-        draft = Draft.empty()
+        proposal = draft = Draft.empty()
         if g > 0:
             with draft_clock:
                 if draft_length is not None and hasattr(drafter, "propose_within"):  # a budget per source
-                    limit = g
-                    draft = drafter.propose_within(torch.tensor(generated), lambda s: draft_length.best(s, limit),
-                                                   sampling, generator)
+                    budget = limit
+                    proposal = drafter.propose_within(
+                        torch.tensor(generated), lambda s: draft_length.proposal_length(s, budget), sampling, generator)
                 else:
-                    draft = drafter.propose(torch.tensor(generated), g, sampling, generator)
+                    proposal = drafter.propose(torch.tensor(generated), g, sampling, generator)
             stats.draft_calls += 1
-            if len(draft) > g:
-                raise RuntimeError(f"drafter {drafter.name} proposed {len(draft)} tokens, more than gamma = {g}")
-            source = draft.source or drafter.name
+            if len(proposal) > limit:
+                raise RuntimeError(f"drafter {drafter.name} proposed {len(proposal)} tokens, more than gamma = {limit}")
+            draft = proposal
             if draft_length is not None:
-                draft = draft.truncated(draft_length.keep(source, len(draft)))
+                draft = proposal.truncated(draft_length.keep(proposal.source or drafter.name, len(proposal)))
+        elif limit > 0 and draft_length is not None and unverified is None:
+            with draft_clock:
+                proposal = _free_draft(drafter, generated, limit, draft_length, sampling, generator)
         stats.draft_lengths[len(draft)] = stats.draft_lengths.get(len(draft), 0) + 1
         new = _verify_step(target, generated, draft, sampling, generator, target_clock, stats)
         if drafter is not None and g > 0:
             drafter.observe(draft, len(new) - 1)
-            if draft_length is not None:
-                draft_length.observe(source, len(draft), len(new) - 1)
-        elif draft_length is not None:
+        if draft_length is None:
+            continue
+        accepted = len(new) - 1
+        if len(draft):
+            draft_length.observe(draft.source or drafter.name, len(draft), accepted)
+            unverified = None
+        else:
             draft_length.called(1)
+        # a one-hot proposal cut before verification: the target's next tokens say whether the rest was right
+        if unverified is None and accepted == len(draft) < len(proposal) and proposal.probs is None:
+            unverified = _UnverifiedDraft(proposal.source or drafter.name, proposal.tokens.tolist(), len(draft))
+        if unverified is not None:
+            unverified = unverified.follow(new[-1], draft_length)
+
+
+@dataclass
+class _UnverifiedDraft:
+    """The part of a one-hot draft (prompt lookup) that the target did not verify, because the cost-aware draft
+    length kept less of it: each token the target produces next tells `AdaptiveDraftLength` whether the draft's
+    next token would have been accepted, so a source learns what a longer draft would gain without paying for
+    its verification."""
+
+    source: str
+    tokens: list[int]
+    position: int = 0  # the draft token the next target token is compared with
+
+    def follow(self, token: int, draft_length: AdaptiveDraftLength) -> "_UnverifiedDraft | None":
+        """Record the target's `token` against the draft; self while the draft still has tokens to compare, else None."""
+        hit = token == self.tokens[self.position]
+        draft_length.observe_unverified(self.source, self.position, hit)
+        self.position += 1
+        return self if hit and self.position < len(self.tokens) else None
+
+
+def _free_draft(drafter: Drafter, generated: list[int], limit: int, draft_length: AdaptiveDraftLength,
+                sampling: SamplingParams, generator: torch.Generator | None) -> Draft:
+    """A draft of up to `limit` tokens from the drafter's sources that cost nothing to run (prompt lookup), to be
+    followed unverified; empty where there is none. Only drafters with `propose_within` (a budget per source) can
+    be asked for one without running a draft model."""
+    if not hasattr(drafter, "propose_within"):
+        return Draft.empty()
+    return drafter.propose_within(torch.tensor(generated), lambda s: limit if draft_length.cost(s) == 0 else 0,
+                                  sampling, generator)
 
 
 def _verify_step(

@@ -22,57 +22,59 @@ from specdecode.native.quant import int8_kernel_available
 from specdecode.models.compat import check_vocabularies
 from specdecode import backends
 from specdecode.models.loading import DEFAULT_TARGET, LoadedModel
+from specdecode.pairs import DEFAULT_MIN_CONFIDENCE, DraftDefaults, auto_draft
 from specdecode.native.loading import end_of_sequence_ids
 
-__all__ = ["Pipeline", "StopStrings", "DEFAULT_DRAFT", "make_drafter", "resolve_draft_name", "draft_model_part",
-           "bundled_draft_runs", "default_gamma"]
+__all__ = ["Pipeline", "StopStrings", "DEFAULT_DRAFT", "DEFAULT_GAMMA", "make_drafter", "resolve_draft_name",
+           "draft_model_part", "default_gamma", "auto_entry", "engine_name", "expected_engine"]
 
-DEFAULT_DRAFT = "auto"  # see AUTO_DRAFT
-# What 'auto' means: the target's bundled distilled draft (for the default target an EAGLE draft, which
-# needs the native engine), with prompt lookup wherever the context repeats, up to five draft tokens per
-# target call: prompt lookup proposes five where it finds a match, the EAGLE draft stops after a token it
-# gave less than DEFAULT_MIN_CONFIDENCE (1.7 tokens per draft at T=0, 1.25 at T=1). On Spec-Bench on a
-# 2-core CPU that is the best measured setting (prompt lookup alone 1.09x / 1.03x at T=0 / T=1;
-# docs/benchmarks.md): against two draft tokens every call, 1.37x against 1.31x at T=0 (median over 39
-# prompts; mean of the per-category medians 1.47x against 1.36x), and a tie at T=1 (1.24x against 1.28x
-# median, 1.23x both as mean of the per-category medians; run 14). A target without a bundled draft that
-# can run with it gets prompt lookup alone.
-AUTO_DRAFT = "bundled+ngram"
-AUTO_DRAFT_WITHOUT_BUNDLED = "ngram"
-AUTO_GAMMA = 5  # --gamma when not given with the 'auto' draft: the longest draft
-# Drafts that end early (min_confidence > 0) are short (above): the target's layout is timed for calls of at
-# most this many tokens with them
+DEFAULT_DRAFT = "auto"  # the target's entry in `pairs.PAIRS` for the engine it runs on, with cost-aware draft lengths
+DEFAULT_GAMMA = 4  # --gamma when not given with a draft other than 'auto' (whose gamma is its entry's)
+# Drafts that end early (min_confidence > 0) are short (the bundled EAGLE draft: 1.7 tokens at T=0, 1.25 at T=1):
+# the target's layout is timed for calls of at most this many tokens with them
 EARLY_END_ROWS_PER_CALL = 3
-DEFAULT_GAMMA = 4  # --gamma when not given with any other draft
-# A draft model ends before gamma tokens after a token its own q gave less than this (EAGLE-2's
-# confidence; `drafters.base.unsure`). 0 drafts gamma tokens every call. For a draft cut from the default
-# target (c ~ 0.1) at gamma 4 it took Spec-Bench from 0.92x to 1.11x at T=0, 0.88x to 1.10x at T=1
-# (docs/benchmarks.md).
-DEFAULT_MIN_CONFIDENCE = 0.6
 
 
-def resolve_draft_name(spec: str, target: str = DEFAULT_TARGET, native: bool = True) -> str:
-    """A draft name with 'auto' replaced by what it means today for `target`; other names unchanged.
-
-    native: whether the target runs on an engine an EAGLE draft can read the features of (native, llama.cpp).
-    """
-    if spec != "auto":
-        return spec
-    return AUTO_DRAFT if bundled_draft_runs(target, native) else AUTO_DRAFT_WITHOUT_BUNDLED
+def engine_name(model) -> str:
+    """'native', 'llamacpp' or 'hf': the engine a loaded target runs on (the engines `pairs.PAIRS` names)."""
+    return "native" if isinstance(model, NativeLM) else "llamacpp" if isinstance(model, LlamaCppLM) else "hf"
 
 
-def bundled_draft_runs(target: str, native: bool) -> bool:
-    """Whether `target` has a bundled draft that can run with it (an EAGLE draft needs the native or llama.cpp engine)."""
-    path = bundled_draft_dir(target)
-    return path is not None and (native or not is_eagle_draft(path))
+def expected_engine(backend: str) -> str:
+    """The engine a backend name loads a model on, as far as is known before the load ('auto' counts as native:
+    the draft study's engine, and the one a target's layout is timed for)."""
+    return backend if backend in ("llamacpp", "hf") else "native"
 
 
-def draft_model_part(spec: str, target: str = DEFAULT_TARGET, native: bool = True) -> str | None:
+def auto_entry(draft: str | None, target: str = DEFAULT_TARGET, engine: str = "native") -> DraftDefaults | None:
+    """The target's entry in `pairs.PAIRS` on `engine` when the draft is 'auto' (its draft, gamma, early end and
+    draft engine are the defaults then); None for any other draft, which takes the global defaults."""
+    return auto_draft(target, engine) if draft == DEFAULT_DRAFT else None
+
+
+def resolve_draft_name(spec: str, target: str = DEFAULT_TARGET, engine: str = "native") -> str:
+    """A draft name with 'auto' replaced by the target's draft on `engine` (`pairs.auto_draft`); others unchanged."""
+    entry = auto_entry(spec, target, engine)
+    return spec if entry is None else entry.draft
+
+
+def default_gamma(draft: str | None, target: str = DEFAULT_TARGET, engine: str = "native") -> int:
+    """The gamma used when none is given: the pair's for 'auto', DEFAULT_GAMMA otherwise."""
+    entry = auto_entry(draft, target, engine)
+    return DEFAULT_GAMMA if entry is None else entry.gamma
+
+
+def _default_min_confidence(draft: str | None, target: str, engine: str) -> float:
+    entry = auto_entry(draft, target, engine)
+    return DEFAULT_MIN_CONFIDENCE if entry is None else entry.min_confidence
+
+
+def draft_model_part(spec: str, target: str = DEFAULT_TARGET, engine: str = "native") -> str | None:
     """The draft model a draft name runs: 'auto' resolved, '+ngram' dropped, 'bundled' as the bundled draft's
-    directory; None for 'none' and 'ngram', which run no model. native: see resolve_draft_name."""
+    directory; None for 'none' and 'ngram', which run no model."""
     if spec == "none":
         return None
-    model_spec = resolve_draft_name(spec, target, native).removesuffix("+ngram")
+    model_spec = resolve_draft_name(spec, target, engine).removesuffix("+ngram")
     if model_spec == "ngram":
         return None
     if model_spec == "bundled":
@@ -84,22 +86,17 @@ def draft_model_part(spec: str, target: str = DEFAULT_TARGET, native: bool = Tru
 
 
 def verification_rows(draft: str | None, gamma: int, min_confidence: float, target: str = DEFAULT_TARGET,
-                      native: bool = True) -> int:
+                      engine: str = "native") -> int:
     """The tokens most target calls will feed with `draft` (what packing='auto' times the target's layout for).
 
     1 without a draft; gamma + 1 with one, but at most EARLY_END_ROWS_PER_CALL with a draft model that ends
-    early (min_confidence > 0). native: whether the target runs on the native engine (see resolve_draft_name).
+    early (min_confidence > 0).
     """
     if draft is None or draft == "none":
         return 1
-    if min_confidence > 0 and draft_model_part(draft, target, native) is not None:
+    if min_confidence > 0 and draft_model_part(draft, target, engine) is not None:
         return min(gamma + 1, EARLY_END_ROWS_PER_CALL)
     return gamma + 1
-
-
-def default_gamma(draft: str | None) -> int:
-    """The gamma used when none is given: AUTO_GAMMA for the 'auto' draft, DEFAULT_GAMMA otherwise."""
-    return AUTO_GAMMA if draft == "auto" else DEFAULT_GAMMA
 
 
 def _stop_list(stop: str | Sequence[str]) -> Sequence[str]:
@@ -137,25 +134,22 @@ class StopStrings:
 
 
 def make_drafter(spec: str | None, target: LoadedModel, backend: str = "auto",
-                 min_confidence: float = DEFAULT_MIN_CONFIDENCE) -> Drafter | None:
+                 min_confidence: float = DEFAULT_MIN_CONFIDENCE, dtype: str = "float32") -> Drafter | None:
     """A drafter from its CLI name.
 
-    'auto' (default): AUTO_DRAFT, 'bundled+ngram' (or 'ngram' when the target has no bundled draft, or when the
-    bundled draft is an EAGLE draft and the target does not run on the native engine);
+    'auto' (default): the target's draft on its engine (`pairs.PAIRS`; prompt lookup for a target without one);
     'ngram': prompt lookup; 'none': the target alone; 'bundled': the distilled draft shipped for the target;
-    a path or id: a draft model (a `specdecode distill` output directory, a GGUF file or an HF model; an
-    EAGLE draft from `specdecode distill --eagle` needs the target on the native engine);
-    'X+ngram': draft X, but prompt lookup wherever the context repeats (a match of >= 3 tokens).
+    a name or path: a draft model (a known model's name, a `specdecode distill` output directory, a GGUF file or
+    an HF model; an EAGLE draft from `specdecode distill --eagle` needs the target on the native or llama.cpp
+    engine); 'X+ngram': draft X, but prompt lookup wherever the context repeats (a match of >= 3 tokens).
     min_confidence: a draft model's early end (`drafters.base.unsure`); prompt lookup has no such setting.
+    dtype: a draft model's weights where it runs on the native engine or transformers.
     """
     if spec is None or spec == "none":
         return None
-    # 'auto' runs the bundled EAGLE draft on the native engine only: on llama.cpp its features make every prompt
-    # token an output, and on a 2-core Xeon it ran at 0.95x the target alone (median of 107 Spec-Bench prompts, 0.37x
-    # on a long one; docs/llamacpp-engine.md). Asked for by name it runs on any engine that keeps features
-    native = isinstance(target.model, NativeLM)
-    spec = resolve_draft_name(spec, target.source, native)
-    model_spec = draft_model_part(spec, target.source, native)
+    engine = engine_name(target.model)
+    spec = resolve_draft_name(spec, target.source, engine)
+    model_spec = draft_model_part(spec, target.source, engine)
     if model_spec is None:
         return PromptLookupDrafter()
     with_lookup = spec.endswith("+ngram")
@@ -167,7 +161,7 @@ def make_drafter(spec: str | None, target: LoadedModel, backend: str = "auto",
     elif isinstance(target.model, LlamaCppLM) and backends.is_gguf(model_spec):  # a GGUF draft on the target's engine
         draft = backends.load(model_spec, "llamacpp", threads=target.model.threads)
     else:
-        draft = backends.load(model_spec, backend)
+        draft = backends.load(model_spec, backend, dtype="float32" if backend == "llamacpp" else dtype)
     check_vocabularies(target.tokenizer, draft.tokenizer, target.model.vocab_size, draft.model.vocab_size)
     drafter = ModelDrafter(draft.model, min_confidence)
     return LookupThenModelDrafter(drafter) if with_lookup else drafter
@@ -208,28 +202,55 @@ class Pipeline:
     def load(
         cls, target: str = DEFAULT_TARGET, draft: str | None = DEFAULT_DRAFT, gamma: int | None = None,
         backend: str = "auto", packing: str = "auto", rows_per_call: int | None = None,
-        min_confidence: float = DEFAULT_MIN_CONFIDENCE, threads: int | None = None, cost_aware: bool | None = None,
+        min_confidence: float | None = None, threads: int | None = None, cost_aware: bool | None = None,
+        dtype: str = "float32", draft_backend: str | None = None,
     ) -> "Pipeline":
         """Load target and draft on `backend` (`backends.load`; 'auto': a GGUF file on the faster of llama.cpp and
         the native engine here, other models native where supported, else HF).
 
-        gamma None: default_gamma(draft). packing: the native target's layout of its linear layers
-        (`specdecode.native.fast`); 'auto' picks the layout that runs rows_per_call tokens per target
-        call fastest on this machine (`NativeLM`). rows_per_call None: `verification_rows`.
+        gamma, min_confidence None: the target's entry in `pairs.PAIRS` for the 'auto' draft on the engine the
+        target loads on, else DEFAULT_GAMMA and DEFAULT_MIN_CONFIDENCE. packing: the native target's layout
+        of its linear layers (`specdecode.native.fast`); 'auto' picks the layout that runs rows_per_call tokens
+        per target call fastest on this machine (`NativeLM`). rows_per_call None: `verification_rows`.
         min_confidence: a draft model's early end (`drafters.base.unsure`). threads: llama.cpp's threads.
+        dtype: the weights of target and draft on the native engine and transformers ('float32', 'bfloat16').
+        draft_backend: the engine of a draft model (None: the pair's for 'auto', else `backend`; a GGUF draft of a
+        llama.cpp target runs there too).
         cost_aware: choose each call's draft length from the target's measured costs (timed once per machine,
         `cost_profile`); None: for the 'auto' draft without an explicit gamma.
         """
+        if gamma is not None:  # checked before the (slow) load
+            check_gamma(gamma)
+        if min_confidence is not None:
+            check_min_confidence(min_confidence)
+        if rows_per_call is None:  # for the native engine's layout: the pair's defaults there
+            expected = expected_engine(backend)
+            rows_per_call = verification_rows(
+                draft, gamma or default_gamma(draft, target, expected),
+                _default_min_confidence(draft, target, expected) if min_confidence is None else min_confidence,
+                target, expected)
+        loaded = backends.load(target, backend, packing, rows_per_call, threads=threads, dtype=dtype)
+        if draft_backend is None:
+            entry = auto_entry(draft, target, engine_name(loaded.model))
+            draft_backend = entry.draft_backend if entry is not None and entry.draft_backend else backend
+        return cls.around(loaded, draft, gamma, draft_backend, min_confidence, cost_aware, dtype)
+
+    @classmethod
+    def around(
+        cls, loaded: LoadedModel, draft: str | None = DEFAULT_DRAFT, gamma: int | None = None,
+        draft_backend: str = "auto", min_confidence: float | None = None, cost_aware: bool | None = None,
+        dtype: str = "float32",
+    ) -> "Pipeline":
+        """A pipeline around an already loaded target (several pipelines may share one); the options as in `load`."""
         if cost_aware is None:
             cost_aware = draft == DEFAULT_DRAFT and gamma is None
-        gamma = default_gamma(draft) if gamma is None else check_gamma(gamma)  # before the (slow) load
-        check_min_confidence(min_confidence)
-        if rows_per_call is None:
-            rows_per_call = verification_rows(draft, gamma, min_confidence, target, native=backend != "hf")
-        loaded = backends.load(target, backend, packing, rows_per_call, threads=threads)
         if loaded.tokenizer is None:
-            raise ValueError(f"target: {target} has no tokenizer, so it cannot take text prompts")
-        drafter = make_drafter(draft, loaded, backend, min_confidence)
+            raise ValueError(f"target: {loaded.source} has no tokenizer, so it cannot take text prompts")
+        engine = engine_name(loaded.model)
+        gamma = default_gamma(draft, loaded.source, engine) if gamma is None else check_gamma(gamma)
+        if min_confidence is None:
+            min_confidence = _default_min_confidence(draft, loaded.source, engine)
+        drafter = make_drafter(draft, loaded, draft_backend, min_confidence, dtype)
         if not cost_aware or drafter is None:
             return cls(loaded, drafter, gamma)
         costs = measure_cost_profile(loaded.model, gamma + 1)

@@ -18,14 +18,13 @@ PEERS = ("prompt-lookup", "assisted")  # Hugging Face generate(...) peers; plain
 
 
 def default_drafts(target: str = DEFAULT_TARGET, backend: str = "auto") -> tuple[str, ...]:
-    """The target's bundled model draft (if it has one that runs on `backend`), the draft `--draft auto`
-    resolves to today, prompt lookup, unigram and bigram."""
-    from specdecode.pipeline import DEFAULT_DRAFT, bundled_draft_runs, resolve_draft_name
+    """The model draft of the draft `--draft auto` resolves to for the target on `backend` (`pairs.PAIRS`; the
+    bench's 'auto' is the native engine, run.py), that draft itself, prompt lookup, unigram and bigram."""
+    from specdecode.pipeline import DEFAULT_DRAFT, expected_engine, resolve_draft_name
 
-    # an EAGLE draft reads the native engine (the bench's 'auto', run.py) and llama.cpp; 'auto' runs it on native only
-    model = ("bundled",) if bundled_draft_runs(target, backend != "hf") else ()
-    auto = resolve_draft_name(DEFAULT_DRAFT, target, backend not in ("hf", "llamacpp"))
-    return _unique((*model, auto, "ngram", *STATISTICAL_DRAFTS))
+    auto = resolve_draft_name(DEFAULT_DRAFT, target, expected_engine(backend))
+    model = auto.removesuffix("+ngram")
+    return _unique((*([model] if model != "ngram" else []), auto, "ngram", *STATISTICAL_DRAFTS))
 
 
 def _unique(items) -> tuple:
@@ -61,7 +60,7 @@ class BenchConfig:
     packing: str = "auto"  # the native target's layout of its linear layers
     gamma: int | None = None  # the gamma of the per-category table and of the peers
     gammas: tuple[int, ...] | None = None  # the sweep (gamma is added to it)
-    min_confidence: float | None = None  # a draft model's early end; default: pipeline.DEFAULT_MIN_CONFIDENCE
+    min_confidence: float | None = None  # a draft model's early end; default: pairs.DEFAULT_MIN_CONFIDENCE
     temperatures: tuple[float, ...] | None = None
     max_new_tokens: int | None = None
     per_category: int | None = None
@@ -88,7 +87,7 @@ class BenchConfig:
         )
         out = replace(self, **values, drafts=drafts, category_drafts=category, out=Path(self.out), peers=_unique(self.peers))
         if out.min_confidence is None:
-            from specdecode.pipeline import DEFAULT_MIN_CONFIDENCE
+            from specdecode.pairs import DEFAULT_MIN_CONFIDENCE
 
             out.min_confidence = DEFAULT_MIN_CONFIDENCE
         out.gammas = tuple(sorted(set(out.gammas) | {out.gamma})) if _ints(out.gammas) and _int(out.gamma) else out.gammas

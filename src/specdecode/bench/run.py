@@ -29,7 +29,7 @@ from specdecode.bench.methods import FIT_CORPUS, LeaveOneOut, model_of, speculat
 from specdecode.bench.peers import Unavailable, hf_peers, is_hf_model
 from specdecode.bench.prompts import load_prompts, select, spread_subset
 from specdecode.bench.summary import summarize
-from specdecode.pipeline import Pipeline, make_drafter, verification_rows
+from specdecode.pipeline import Pipeline, expected_engine, make_drafter, verification_rows
 
 __all__ = ["run_bench", "write_outputs", "machine_description"]
 
@@ -99,7 +99,7 @@ def run_bench(config: BenchConfig, log: Callable[[str], None] = _warn) -> dict:
     log(f"bench: loading {cfg.target} ({cfg.backend}) and drafts {', '.join(cfg.drafts)}")
     # the target's layout is chosen for the per-category drafts' verification at the headline gamma (the most
     # tokens per call any of them feeds); the baseline runs on the same one
-    rows = max((verification_rows(d, cfg.gamma, cfg.min_confidence, cfg.target, cfg.backend != "hf")
+    rows = max((verification_rows(d, cfg.gamma, cfg.min_confidence, cfg.target, expected_engine(cfg.backend))
                 for d in cfg.category_drafts), default=cfg.gamma + 1)
     # drafts are compared on one engine: 'auto' is the native engine where it runs the target (the bundled EAGLE
     # draft needs it), not the fastest engine; `python -m specdecode.bench.engines` compares the engines

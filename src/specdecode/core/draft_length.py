@@ -7,8 +7,9 @@ a_i is the chance that draft token i is accepted once token i - 1 was. The rate 
 alone is E(g) / (g c + T(g+1)/T(1)); g = 0 is the target alone, rate 1.
 
 `AdaptiveDraftLength` learns a_i and c per draft source (prompt lookup, a draft model) from the calls of
-the generation so far, starting from a prior, and picks the g that maximises the rate. The choice reads
-earlier calls only, never the current call's target probabilities, so the output distribution is
+the generation so far, starting from a prior, and picks the g that maximises the rate. A prompt-lookup
+draft it did not verify is learned from as well, by comparing it with the tokens the target alone went on
+to produce. The choice reads earlier calls only, never the current call's target probabilities, so the output distribution is
 untouched: a rejection sampler is exact for any draft length fixed before it runs.
 Pure Python: no torch, no model code.
 """
@@ -18,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["CostProfile", "expected_rate", "best_draft_length", "AdaptiveDraftLength"]
+__all__ = ["CostProfile", "expected_rate", "best_draft_length", "AdaptiveDraftLength", "default_prior"]
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,21 @@ def best_draft_length(acceptance: Sequence[float], draft_cost: float, profile: C
     return best if rates[best] >= (1 + margin) * rates[0] else 0
 
 
+# T(2)/T(1) up to which a wrong draft token costs little (a memory-bound engine: the native one on a CPU, 1.0-1.1)
+CHEAP_VERIFICATION = 1.2
+
+
+def default_prior(profile: CostProfile) -> tuple[float, float]:
+    """(prior_alpha, prior_weight) for a source that has not drafted yet. Where verifying a second token is cheap,
+    optimistic and weak (0.9, 1): each source drafts at once and long, and one rejection at its first token
+    (0.45) shortens it. Where it is not (llama.cpp: T(2)/T(1) 1.36 here), pessimistic (0.5, 2): below what a
+    draft token must reach to pay, so a source drafts only once the target alone has shown, unverified, that
+    it is right (13 Spec-Bench prompts on llama.cpp: 0.96x the target alone with the optimistic prior and
+    without unverified drafts, 1.01x with both; docs/benchmarks/xeon-engines/headline)."""
+    cheap = profile.max_rows < 2 or profile.verify_ratio(2) <= CHEAP_VERIFICATION
+    return (0.9, 1.0) if cheap else (0.5, 2.0)
+
+
 @dataclass
 class _SourceStats:
     reached: list[float]  # [max_gamma]: draft tokens verified at position i (the earlier ones all accepted)
@@ -97,9 +113,10 @@ class AdaptiveDraftLength:
     draft_costs: c of each source that costs anything (a draft model: its seconds per draft token over T(1),
     measured once, so that the choice, and with it a seeded sample, does not change with the machine's noise);
     other sources (prompt lookup) cost 0. prior_alpha, prior_weight: the acceptance a source is assumed to
-    have before it has drafted, as prior_weight pseudo-observations at every position: optimistic and weak,
-    so that each source is tried, and one rejection at its first token (0.45) stops a source that does not pay
-    on a compute-bound engine. margin: a draft must promise this much more than the
+    have before it has drafted, as prior_weight pseudo-observations at every position; None: `default_prior`.
+    A one-hot draft the loop did not verify (`observe_unverified`) is learned from too, so on an engine where
+    verification costs (llama.cpp on a CPU) a source need not be tried to be known. margin: a draft must promise
+    this much more than the
     target alone (a share of its rate), for the noise in T(k) and in the acceptance estimates. decay: every
     target call weighs the observations so far by this, so a source that stopped paying (a text that did not
     repeat yet) is tried again some 50 calls later, and the estimates follow the text as it changes.
@@ -108,8 +125,8 @@ class AdaptiveDraftLength:
     profile: CostProfile
     max_gamma: int
     draft_costs: Mapping[str, float] = field(default_factory=dict)
-    prior_alpha: float = 0.9
-    prior_weight: float = 1.0
+    prior_alpha: float | None = None
+    prior_weight: float | None = None
     margin: float = 0.1
     decay: float = 0.97
     _stats: dict[str, _SourceStats] = field(default_factory=dict)
@@ -120,6 +137,9 @@ class AdaptiveDraftLength:
             raise ValueError(f"max_gamma must be an integer >= 1, got {self.max_gamma!r}")
         if not 0 < self.decay <= 1:
             raise ValueError(f"decay must be in (0, 1], got {self.decay!r}")
+        default_alpha, default_weight = default_prior(self.profile)
+        self.prior_alpha = default_alpha if self.prior_alpha is None else self.prior_alpha
+        self.prior_weight = default_weight if self.prior_weight is None else self.prior_weight
         if not 0 <= self.prior_alpha <= 1:
             raise ValueError(f"prior_alpha must be in [0, 1], got {self.prior_alpha!r}")
         if self.prior_weight <= 0:
@@ -143,6 +163,13 @@ class AdaptiveDraftLength:
         return best_draft_length(self.acceptance(source), cost, self.profile, min(limit, self.max_gamma),
                                  self._previous_rows, self.margin)
 
+    def proposal_length(self, source: str, limit: int) -> int:
+        """How many tokens to ask `source` for: its best draft length, but all of `limit` from a source that costs
+        nothing to run once it pays at all (what `keep` cuts before verification is then followed unverified, so
+        the longer positions are learned too)."""
+        best = self.best(source, limit)
+        return limit if best and self.cost(source) == 0 else best
+
     def budget(self, sources: Sequence[str], limit: int) -> int:
         """How many tokens to ask the drafter for: the most any of its sources would use (0: the target alone)."""
         return max((self.best(s, limit) for s in sources), default=0)
@@ -163,12 +190,27 @@ class AdaptiveDraftLength:
         """How many of the `drafted` tokens that `source` proposed to verify (the draft's cost is spent by now)."""
         return self.best(source, drafted, include_draft_cost=False) if drafted else 0
 
+    def _source(self, source: str) -> _SourceStats:
+        return self._stats.setdefault(source, _SourceStats([0.0] * self.max_gamma, [0.0] * self.max_gamma))
+
+    def observe_unverified(self, source: str, position: int, accepted: bool) -> None:
+        """A free draft's token at `position` (0-based, the ones before it right) that the target did not verify,
+        because the call drafted nothing: `accepted` says whether the target alone then produced it. At T = 0 that
+        is what verification would have said; at T > 0 it happens with chance p(token), the chance that
+        verification accepts a one-hot draft token, so the estimate of a_i stays unbiased. A source learns this
+        way what it would have gained without paying for the verification."""
+        if not 0 <= position < self.max_gamma:
+            raise ValueError(f"position must be in [0, {self.max_gamma}), got {position!r}")
+        stats = self._source(source)
+        stats.reached[position] += 1
+        stats.accepted[position] += bool(accepted)
+
     def observe(self, source: str, verified: int, accepted: int) -> None:
         """After a call: `verified` draft tokens of `source` went to the target, `accepted` of them were kept."""
         if not 0 <= accepted <= verified <= self.max_gamma:
             raise ValueError(f"need 0 <= accepted ({accepted}) <= verified ({verified}) <= {self.max_gamma}")
         self.called(verified + 1)
-        stats = self._stats.setdefault(source, _SourceStats([0.0] * self.max_gamma, [0.0] * self.max_gamma))
+        stats = self._source(source)
         for i in range(min(accepted + 1, verified)):
             stats.reached[i] += 1
         for i in range(accepted):

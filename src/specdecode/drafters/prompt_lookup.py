@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from specdecode.core.sampling import SamplingParams
@@ -42,6 +44,11 @@ class PromptLookupDrafter:
     ) -> Draft:
         tokens, matched = self._index.match(self._prompt + generated.tolist(), gamma)
         return Draft(torch.tensor(tokens, dtype=torch.long), source=f"{self.name}@{matched}" if matched else None)
+
+    def propose_within(self, generated: torch.Tensor, budget: Callable[[str], int], sampling: SamplingParams,
+                       generator: torch.Generator | None) -> Draft:
+        """propose, up to the largest budget(source) of its sources (the loop keeps what the match's source pays for)."""
+        return self.propose(generated, max(budget(source) for source in self.sources), sampling, generator)
 
     def observe(self, draft: Draft, num_accepted: int) -> None:
         """Stateless: nothing to learn from the outcome."""

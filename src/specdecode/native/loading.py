@@ -8,22 +8,25 @@ weights are cached on disk as safetensors, so only the first load pays for the c
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from safetensors.torch import save_file
 
-from specdecode.models.loading import DEFAULT_TARGET, LoadedModel, cache_root, default_gguf_path
+from specdecode.models.known import is_known_model, known_gguf_path
+from specdecode.models.loading import DEFAULT_TARGET, LoadedModel, cache_root
 from specdecode.models.tokenizer import load_saved_tokenizer
 from specdecode.native.config import NativeConfig
 from specdecode.native.engine import DEFAULT_MAX_CACHE_LEN, NativeLM
@@ -41,6 +44,7 @@ __all__ = [
     "gguf_tokenizer",
     "read_gguf",
     "native_state_dict",
+    "native_conversion_cached",
     "unpermute_rope",
 ]
 
@@ -114,17 +118,41 @@ def end_of_sequence_ids(hf_model, tokenizer) -> set[int]:
 # --------------------------------------------------------------------------- HF names -> native layout
 
 
-def native_state_dict(hf_state: Mapping[str, torch.Tensor], config: NativeConfig) -> dict[str, torch.Tensor]:
-    """Rename and fuse a Llama/Qwen2-style state dict into `NativeTransformer` parameter names."""
+class LazyTensors(Mapping[str, torch.Tensor]):
+    """Tensors made one at a time when looked up (dequantized, read, fused), so that loading never holds a whole
+    model twice: `_build` copies each into the model and drops it. Names are known without making anything."""
+
+    def __init__(self, makers: Mapping[str, Callable[[], torch.Tensor]]) -> None:
+        self._makers = dict(makers)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self._makers[name]()
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._makers
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._makers)
+
+    def __len__(self) -> int:
+        return len(self._makers)
+
+
+def native_state_dict(hf_state: Mapping[str, torch.Tensor], config: NativeConfig) -> LazyTensors:
+    """Rename and fuse a Llama/Qwen2-style state dict into `NativeTransformer` parameter names (each tensor made,
+    and q/k/v and gate/up fused, only when looked up)."""
 
     used: set[str] = set()
 
-    def get(name: str) -> torch.Tensor:
+    def get(name: str) -> Callable[[], torch.Tensor]:
+        if name not in hf_state:
+            raise ValueError(f"the checkpoint has no tensor {name!r} (expected for {config.architecture})")
         used.add(name)
-        try:
-            return hf_state[name]
-        except KeyError:
-            raise ValueError(f"the checkpoint has no tensor {name!r} (expected for {config.architecture})") from None
+        return lambda: hf_state[name]
+
+    def cat(*names: str) -> Callable[[], torch.Tensor]:
+        parts = [get(name) for name in names]
+        return lambda: torch.cat([part() for part in parts])
 
     out = {"embed.weight": get("model.embed_tokens.weight"), "norm.weight": get("model.norm.weight")}
     if not config.tie_word_embeddings:
@@ -134,22 +162,22 @@ def native_state_dict(hf_state: Mapping[str, torch.Tensor], config: NativeConfig
         attn, mlp = hf + "self_attn.", hf + "mlp."
         out[nat + "attn_norm.weight"] = get(hf + "input_layernorm.weight")
         out[nat + "mlp_norm.weight"] = get(hf + "post_attention_layernorm.weight")
-        out[nat + "qkv.weight"] = torch.cat([get(f"{attn}{p}_proj.weight") for p in "qkv"])
+        out[nat + "qkv.weight"] = cat(*(f"{attn}{p}_proj.weight" for p in "qkv"))
         out[nat + "o.weight"] = get(attn + "o_proj.weight")
-        out[nat + "gate_up.weight"] = torch.cat([get(mlp + "gate_proj.weight"), get(mlp + "up_proj.weight")])
+        out[nat + "gate_up.weight"] = cat(mlp + "gate_proj.weight", mlp + "up_proj.weight")
         out[nat + "down.weight"] = get(mlp + "down_proj.weight")
         if config.attention_bias:
-            out[nat + "qkv.bias"] = torch.cat([get(f"{attn}{p}_proj.bias") for p in "qkv"])
+            out[nat + "qkv.bias"] = cat(*(f"{attn}{p}_proj.bias" for p in "qkv"))
         if config.attention_out_bias:
             out[nat + "o.bias"] = get(attn + "o_proj.bias")
         if config.mlp_bias:
-            out[nat + "gate_up.bias"] = torch.cat([get(mlp + "gate_proj.bias"), get(mlp + "up_proj.bias")])
+            out[nat + "gate_up.bias"] = cat(mlp + "gate_proj.bias", mlp + "up_proj.bias")
             out[nat + "down.bias"] = get(mlp + "down_proj.bias")
     ignorable = {"lm_head.weight"} if config.tie_word_embeddings else set()
     unused = sorted(name for name in hf_state if name not in used and name not in ignorable and "rotary" not in name)
     if unused:  # e.g. biases the config does not declare: refuse rather than silently run another model
         raise ValueError(f"the checkpoint has tensors the {config.architecture} config does not use: {unused[:5]}")
-    return out
+    return LazyTensors(out)
 
 
 def _build(config: NativeConfig, state: Mapping[str, torch.Tensor], dtype: torch.dtype) -> NativeTransformer:
@@ -160,14 +188,19 @@ def _build(config: NativeConfig, state: Mapping[str, torch.Tensor], dtype: torch
     unexpected = sorted(set(state) - set(expected))
     if unexpected:
         raise ValueError(f"unexpected tensors for {config.architecture}: {unexpected[:5]}")
+    missing = [name for name in expected if name not in state]
+    if missing:
+        raise ValueError(f"the checkpoint has no tensor for {missing[0]!r}")
+    # One tensor at a time (a LazyTensors state makes each on lookup), into own copies: tensors read from
+    # safetensors map the whole file, and one kept tensor (a norm) would keep all of it resident after packing or
+    # quantization replaced the rest
+    tensors = {}
     for name, shape in expected.items():
-        if name not in state:
-            raise ValueError(f"the checkpoint has no tensor for {name!r}")
-        if tuple(state[name].shape) != tuple(shape):
-            raise ValueError(f"tensor {name!r} has shape {tuple(state[name].shape)}, expected {tuple(shape)}")
-    # own copies: tensors from load_file map the whole file, and one kept tensor (a norm) would keep all
-    # of it resident after packing or quantization replaced the rest
-    tensors = {name: torch.empty(expected[name], dtype=dtype).copy_(state[name]) for name in expected}
+        source = state[name]
+        if tuple(source.shape) != tuple(shape):
+            raise ValueError(f"tensor {name!r} has shape {tuple(source.shape)}, expected {tuple(shape)}")
+        tensors[name] = torch.empty(shape, dtype=dtype).copy_(source)
+        del source
     model.load_state_dict(tensors, strict=False, assign=True)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.embed.weight
@@ -205,12 +238,23 @@ def native_from_hf_directory(path: str | os.PathLike, dtype: torch.dtype = torch
     from transformers import AutoConfig
 
     config = NativeConfig.from_hf_config(AutoConfig.from_pretrained(path, local_files_only=True))
-    state: dict[str, torch.Tensor] = {}
-    for file in files:
-        state.update(load_file(file))
-    if config.tie_word_embeddings:
-        state.pop("lm_head.weight", None)
+    state = _safetensors(files)  # a tied checkpoint's lm_head.weight, if saved, is not read
     return _build(config, native_state_dict(state, config), dtype)
+
+
+def _safetensors(files: Sequence[Path]) -> LazyTensors:
+    """The tensors of safetensors files, each read when looked up. Each read opens the file anew: an open file
+    keeps every page read through it resident, which would hold the whole checkpoint beside its copy."""
+    makers = {}
+    for file in files:
+        with safe_open(file, framework="pt") as handle:
+            makers.update({name: functools.partial(_read_tensor, file, name) for name in handle.keys()})
+    return LazyTensors(makers)
+
+
+def _read_tensor(file: Path, name: str) -> torch.Tensor:
+    with safe_open(file, framework="pt") as handle:
+        return handle.get_tensor(name)
 
 
 # --------------------------------------------------------------------------- GGUF
@@ -290,10 +334,10 @@ def _hf_name(gguf_name: str) -> str | None:
     return None
 
 
-def read_gguf(path: str | os.PathLike) -> tuple[NativeConfig, dict[str, torch.Tensor]]:
-    """Parse a GGUF file: its config and its dequantized float32 tensors under Hugging Face names."""
+def read_gguf(path: str | os.PathLike) -> tuple[NativeConfig, LazyTensors]:
+    """Parse a GGUF file: its config and its float32 tensors under Hugging Face names, each dequantized when looked
+    up (`LazyTensors`)."""
     from gguf import GGUFReader
-    from gguf.quants import dequantize
 
     path = Path(path)
     if not path.is_file():
@@ -326,23 +370,47 @@ def read_gguf(path: str | os.PathLike) -> tuple[NativeConfig, dict[str, torch.Te
         "mlp_bias": "blk.0.ffn_down.bias" in tensors,
     }
     config = _gguf_config(reader, arch, vocab_size, tie="output.weight" not in tensors, biases=biases)
-    state: dict[str, torch.Tensor] = {}
-    try:
-        for name, tensor in tensors.items():
-            weights = np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
-            weights = weights.reshape([int(d) for d in reversed(tensor.shape)])  # GGUF lists dims innermost first
-            if arch == "llama" and (".attn_q." in name or ".attn_k." in name):
-                weights = unpermute_rope(weights, config.num_heads if ".attn_q." in name else config.num_kv_heads)
-            state[_hf_name(name)] = torch.from_numpy(np.array(weights, dtype=np.float32))  # a writable copy
-    except (ValueError, IndexError, NotImplementedError) as error:
-        raise ValueError(f"{path}: cannot read GGUF tensor data ({error})") from error
-    return config, state
+    makers = {_hf_name(name): _dequantizer(path, tensor, arch, config) for name, tensor in tensors.items()}
+    return config, LazyTensors(makers)
+
+
+_DEQUANTIZE_ROWS = 4096  # rows dequantized at a time: the temporaries stay small beside a 150k-row embedding
+
+
+def _dequantizer(path: Path, tensor, arch: str, config: NativeConfig) -> Callable[[], torch.Tensor]:
+    """Makes the float32 tensor of one GGUF tensor: its bytes read from the file (not through the reader's memory
+    map, whose pages would stay resident), dequantized a block of rows at a time, q/k unpermuted for llama."""
+    from gguf.quants import dequantize
+
+    def make() -> torch.Tensor:
+        shape = [int(d) for d in reversed(tensor.shape)]  # GGUF lists dims innermost first
+        try:
+            raw = np.fromfile(path, dtype=np.uint8, count=int(tensor.n_bytes), offset=int(tensor.data_offset))
+            raw = raw.view(tensor.data.dtype).reshape(tensor.data.shape)
+            rows = raw.reshape(-1, raw.shape[-1]) if raw.ndim > 1 else raw.reshape(1, -1)
+            out = np.empty((rows.shape[0], int(np.prod(shape)) // rows.shape[0]), dtype=np.float32)
+            for start in range(0, rows.shape[0], _DEQUANTIZE_ROWS):
+                block = rows[start:start + _DEQUANTIZE_ROWS]
+                out[start:start + len(block)] = dequantize(block, tensor.tensor_type).reshape(len(block), -1)
+        except (ValueError, IndexError, NotImplementedError) as error:
+            raise ValueError(f"{path}: cannot read GGUF tensor data ({error})") from error
+        weights = out.reshape(shape)
+        if arch == "llama" and (".attn_q." in tensor.name or ".attn_k." in tensor.name):
+            weights = unpermute_rope(weights, config.num_heads if ".attn_q." in tensor.name else config.num_kv_heads)
+        return torch.from_numpy(np.ascontiguousarray(weights))
+
+    return make
 
 
 def _gguf_cache_dir(path: Path, dtype: torch.dtype) -> Path:
     stat = path.stat()
     key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{dtype}|v{_CACHE_VERSION}"
     return cache_root() / "native" / f"{path.stem}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+
+def native_conversion_cached(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> bool:
+    """Whether the GGUF file's conversion for the native engine is in the cache (a load then takes seconds)."""
+    return (_gguf_cache_dir(Path(path), dtype) / _CACHE_COMPLETE).is_file()
 
 
 def _gguf_tokenizer(path: Path):
@@ -365,7 +433,7 @@ def native_from_gguf(
     cached = _gguf_cache_dir(path, dtype)
     if (cached / _CACHE_COMPLETE).is_file():
         config = NativeConfig.from_dict(json.loads((cached / "native_config.json").read_text()))
-        model = _build(config, load_file(cached / "model.safetensors"), dtype)
+        model = _build(config, _safetensors([cached / "model.safetensors"]), dtype)
         return model, (_cached_tokenizer(cached, path) if with_tokenizer else None)
 
     config, hf_state = read_gguf(path)
@@ -491,7 +559,7 @@ def load_native(
 ) -> LoadedModel:
     """Like `specdecode.models.loading.load_model`, on the native engine.
 
-    Takes the default model's name, a `.gguf` file or a Hugging Face directory (or cached model id).
+    Takes a known model's name (`models.known`), a `.gguf` file or a Hugging Face directory (or cached model id).
     `hf_model` of the result is a `NativeModelInfo` (transformers config and generation_config, no weights).
     quantize='int8' stores the weights as int8 with per-channel scales (`specdecode.native.quant`);
     the other engine_options go to `NativeLM` (packing=..., rows_per_call=..., compile=...).
@@ -500,8 +568,8 @@ def load_native(
 
     check_quantize(quantize)  # before the (slow) load
     source = str(name_or_path)
-    if source == DEFAULT_TARGET or source.endswith(".gguf"):
-        path = default_gguf_path() if source == DEFAULT_TARGET else Path(source)
+    if is_known_model(source) or source.endswith(".gguf"):
+        path = known_gguf_path(source) if is_known_model(source) else Path(source)
         model, tokenizer = native_from_gguf(path, dtype)
         info = NativeModelInfo(None, model.config)
     else:

@@ -1,7 +1,7 @@
 """Fresh-process measurements for the bench: time to first token and resident memory (RSS).
 
     python -m specdecode.native.probe ttft [--backend native|hf] [--dtype float32|bfloat16] [--quantize none|int8]
-    python -m specdecode.native.probe rss [--draft bundled|truncated:2|PATH] [--dtype ...] [--quantize ...]
+    python -m specdecode.native.probe rss [--target NAME|PATH] [--draft bundled|truncated:2|NAME|PATH] [--dtype ...]
 
 Each prints one JSON object on its last line. `bench.py` runs them in subprocesses (`run_probe`) so that
 nothing is loaded or warm in memory beforehand; only the disk cache (converted model, OS page
@@ -27,7 +27,7 @@ from specdecode.models.loading import DEFAULT_TARGET, default_gguf_path, load_mo
 from specdecode.native.loading import _build, load_native, native_from_gguf
 from specdecode.native.model import NativeTransformer
 
-__all__ = ["rss_mb", "peak_rss_mb", "truncated_draft", "load_draft", "run_probe", "DTYPES", "PROMPT"]
+__all__ = ["rss_mb", "peak_rss_mb", "weight_mb", "truncated_draft", "load_draft", "run_probe", "DTYPES", "PROMPT"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 PROMPT = "Explain in a few sentences how a key-value cache speeds up text generation in transformers."
@@ -51,6 +51,21 @@ def peak_rss_mb() -> float:
     if Path("/proc/self/status").is_file():
         return _proc_status_kb("VmHWM") / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux, bytes on macOS
+
+
+def weight_mb(*modules: torch.nn.Module) -> float:
+    """MiB of the tensors the modules hold (parameters and buffers, packed copies included), each storage once."""
+    storages: dict[int, int] = {}
+    tensors = [tensor for module in modules for sub in module.modules()
+               for tensor in (*sub._parameters.values(), *sub._buffers.values(), *vars(sub).values())
+               if isinstance(tensor, torch.Tensor)]  # plain attributes too: PackedLinear.packed
+    for tensor in tensors:
+        if tensor.layout == torch._mkldnn:  # a oneDNN-packed weight: no storage to ask
+            storages[id(tensor)] = tensor.numel() * tensor.element_size()
+        else:
+            storage = tensor.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values()) / _MB
 
 
 def _proc_status_kb(field: str) -> float:
@@ -123,10 +138,13 @@ def rss(args: argparse.Namespace) -> dict:
 
     out = {"imports_mb": rss_mb()}
     dtype = DTYPES[args.dtype]
-    target = load_native(dtype=dtype, quantize=args.quantize)
+    target = load_native(args.target, dtype=dtype, quantize=args.quantize)
     out["target_mb"] = rss_mb()
     drafter = load_draft(args.draft, target, dtype, args.quantize)
     out["target_draft_mb"] = rss_mb()
+    out["load_peak_mb"] = peak_rss_mb()  # loading both, before any generation
+    draft_model = getattr(getattr(drafter, "model", None), "model", None)  # a model draft's NativeTransformer
+    out["weights_mb"] = weight_mb(target.model.model, *([draft_model] if draft_model is not None else []))
     result = generate(target.model, _chat_ids(target.tokenizer), drafter=drafter, gamma=4,
                       max_new_tokens=args.new_tokens, sampling=SamplingParams(0.0))
     if isinstance(drafter, EagleDrafter):
@@ -155,7 +173,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--backend", choices=("native", "hf"), default="native", help="ttft only")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     parser.add_argument("--quantize", choices=("none", "int8"), default="none")
-    parser.add_argument("--draft", default="bundled", help="rss only: 'bundled', 'truncated:N' or a model path")
+    parser.add_argument("--target", default=DEFAULT_TARGET, help="rss only: the target (a known model's name or a path)")
+    parser.add_argument("--draft", default="bundled", help="rss only: 'bundled', 'truncated:N' or a model name or path")
     parser.add_argument("--new-tokens", type=int, default=32, help="rss only: speculative tokens generated")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--spawned-at", type=float, default=None, help="the parent's time.time() at spawn")
