@@ -281,6 +281,9 @@ def test_auto_with_a_bundled_eagle_draft_needs_the_native_engine_else_prompt_loo
 
     save_eagle(tmp_path / "eagle", _network(), torch.tensor(HEAD), "tiny-target", None, {})
     monkeypatch.setattr(pipeline, "bundled_draft_dir", lambda target: tmp_path / "eagle")
+    from specdecode import pairs
+
+    monkeypatch.setitem(pairs.PAIRS, "tiny-target", pairs.PAIRS["smollm2-135m-instruct"])  # the default's entry
     native = make_drafter("auto", LoadedModel(_target(), None, None, "tiny-target"))
     assert isinstance(native, LookupThenModelDrafter) and isinstance(native.model, EagleDrafter)
 
