@@ -194,8 +194,8 @@ class AdaptiveDraftLength:
         return self._stats.setdefault(source, _SourceStats([0.0] * self.max_gamma, [0.0] * self.max_gamma))
 
     def observe_unverified(self, source: str, position: int, accepted: bool) -> None:
-        """A free draft's token at `position` (0-based, the ones before it right) that the target did not verify,
-        because the call drafted nothing: `accepted` says whether the target alone then produced it. At T = 0 that
+        """A one-hot draft's token at `position` (0-based, the ones before it right) that the target did not verify,
+        because the call kept fewer draft tokens or none: `accepted` says whether the target then produced it. At T = 0 that
         is what verification would have said; at T > 0 it happens with chance p(token), the chance that
         verification accepts a one-hot draft token, so the estimate of a_i stays unbiased. A source learns this
         way what it would have gained without paying for the verification."""

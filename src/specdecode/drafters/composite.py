@@ -54,13 +54,11 @@ class LookupThenModelDrafter:
         """propose, with each source asked for at most budget(source) tokens (a cost-aware draft length): the model
         drafts only where the lookup finds nothing and its own budget is not 0, so no draft token it pays for is
         cut unverified because the lookup's budget was longer."""
-        lookup_budget = max(budget(source) for source in self.lookup.sources)
-        if lookup_budget:
-            draft = self.lookup.propose(generated, lookup_budget, sampling, generator)
-            if len(draft):
-                self._last = self.lookup
-                self.lookup_drafts += 1
-                return draft
+        draft = self.lookup.propose_within(generated, budget, sampling, generator)
+        if len(draft):
+            self._last = self.lookup
+            self.lookup_drafts += 1
+            return draft
         model_budget = max(budget(source) for source in draft_sources(self.model))
         if not model_budget:
             self._last = None

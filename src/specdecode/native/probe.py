@@ -23,13 +23,13 @@ from pathlib import Path
 
 import torch
 
+from specdecode.backends import DTYPES
 from specdecode.models.loading import DEFAULT_TARGET, default_gguf_path, load_model
 from specdecode.native.loading import _build, load_native, native_from_gguf
 from specdecode.native.model import NativeTransformer
 
 __all__ = ["rss_mb", "peak_rss_mb", "weight_mb", "truncated_draft", "load_draft", "run_probe", "DTYPES", "PROMPT"]
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 PROMPT = "Explain in a few sentences how a key-value cache speeds up text generation in transformers."
 _MB = 1024 * 1024
 
