@@ -3,6 +3,8 @@
     .venv/bin/python scripts/load_test.py --tiny                 # starts a server on tiny random models
     .venv/bin/python scripts/load_test.py                        # starts `specdecode serve` (default model)
     .venv/bin/python scripts/load_test.py --url http://127.0.0.1:8000   # an already running server
+    .venv/bin/python scripts/load_test.py --backend native --max-batch 1 32 --clients 32 64 --out load
+        # the sequential server against the batched one, 32 and 64 clients each (a table, and load/results.json)
 
 First each distinct prompt is sent once without streaming at temperature 0 (the
 reference text). Then `--clients` concurrent clients stream `--requests` chat
@@ -95,16 +97,31 @@ def _tiny_checkpoints(directory: Path) -> tuple[Path, Path]:
     )
 
 
+def _peer_command(port: int) -> list[str]:
+    """llama-cpp-python's own OpenAI server on the default GGUF file: the peer a user would run instead."""
+    from specdecode.models.loading import default_gguf_path
+
+    return [sys.executable, "-m", "llama_cpp.server", "--model", str(default_gguf_path()), "--host", "127.0.0.1",
+            "--port", str(port), "--n_threads", str(os.cpu_count() or 2), "--n_ctx", "4096"]
+
+
 @contextlib.contextmanager
-def started_server(args: argparse.Namespace):
-    """Yield the base URL of `specdecode serve` run as a child process on 127.0.0.1; stop it with SIGINT."""
+def started_server(args: argparse.Namespace, max_batch: int | None = None, peer: bool = False):
+    """Yield the base URL of `specdecode serve` (or, with peer, llama_cpp.server) run as a child process on
+    127.0.0.1; stop it with SIGINT."""
     with tempfile.TemporaryDirectory(prefix="specdecode-load-") as tmp:
         port = _free_port()
         command = [sys.executable, "-m", "specdecode.cli", "serve", "--port", str(port), "--log-level", "warning",
-                   "--max-queue", str(max(64, args.clients)), "--max-tokens", str(max(400, args.max_tokens))]
+                   "--max-queue", str(max(64, max(args.clients))), "--max-tokens", str(max(400, args.max_tokens))]
+        if args.backend:
+            command += ["--backend", args.backend]
+        if max_batch is not None:
+            command += ["--max-batch", str(max_batch)]
+        if peer:
+            command = _peer_command(port)
         if args.tiny:
             target, draft = _tiny_checkpoints(Path(tmp))
-            command += ["--target", str(target), "--draft", str(draft)]
+            command += ["--target", str(target), "--draft", args.draft or str(draft)]
         elif args.draft:
             command += ["--draft", args.draft]
         env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
@@ -118,7 +135,7 @@ def started_server(args: argparse.Namespace):
                 if time.monotonic() > deadline:
                     raise SystemExit("the server did not become ready in time")
                 with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    if httpx.get(f"{url}/v1/models", timeout=1).status_code == 200:
                         break
                 time.sleep(0.25)
             yield url
@@ -151,13 +168,15 @@ async def one_request(client: AsyncOpenAI, model: str, prompt: int, args: argpar
                     outcome.ttft = time.perf_counter() - start
                 pieces.append(chunk.choices[0].delta.content)
         outcome.text, outcome.chunks = "".join(pieces), len(pieces)
+        if not outcome.tokens:  # a server without usage in streams (llama_cpp.server): a token per chunk
+            outcome.tokens = outcome.chunks
         outcome.latency = time.perf_counter() - start
     except Exception as error:  # every failure is reported, none stops the test
         outcome.error = f"{type(error).__name__}: {error}"
     return outcome
 
 
-async def run_load(url: str, args: argparse.Namespace) -> tuple[dict[int, str], Report]:
+async def run_load(url: str, args: argparse.Namespace, clients: int, requests: int) -> tuple[dict[int, str], Report]:
     client = AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=args.time_limit)
     model = (await client.models.list()).data[0].id
     prompts = list(range(min(args.prompts, len(PROMPTS))))
@@ -169,7 +188,7 @@ async def run_load(url: str, args: argparse.Namespace) -> tuple[dict[int, str], 
         references[p] = response.choices[0].message.content
 
     todo: asyncio.Queue[int] = asyncio.Queue()
-    for i in range(args.requests):
+    for i in range(requests):
         todo.put_nowait(prompts[i % len(prompts)])
     report = Report()
 
@@ -178,13 +197,13 @@ async def run_load(url: str, args: argparse.Namespace) -> tuple[dict[int, str], 
             report.outcomes.append(await one_request(client, model, todo.get_nowait(), args))
 
     start = time.perf_counter()
-    tasks = [asyncio.create_task(client_loop()) for _ in range(args.clients)]
+    tasks = [asyncio.create_task(client_loop()) for _ in range(clients)]
     done, pending = await asyncio.wait(tasks, timeout=args.time_limit)
     for task in pending:
         task.cancel()
     await asyncio.gather(*pending, return_exceptions=True)
     report.wall = time.perf_counter() - start
-    unfinished = args.requests - len(report.outcomes)
+    unfinished = requests - len(report.outcomes)
     report.outcomes += [Outcome(-1, error="not finished within --time-limit")] * unfinished
     await client.close()
     return references, report
@@ -232,29 +251,83 @@ def main(argv: list[str] | None = None) -> int:
     where.add_argument("--url", help="test a running server (http://127.0.0.1:PORT) instead of starting one")
     where.add_argument("--tiny", action="store_true", help="start a server on tiny random models (fast)")
     parser.add_argument("--draft", help="draft for the started default-model server (default: serve's default)")
-    parser.add_argument("--clients", type=int, default=32, help="concurrent streaming clients (default 32)")
-    parser.add_argument("--requests", type=int, default=64, help="requests in all (default 64)")
+    parser.add_argument("--backend", help="--backend of the started server (default: serve's default)")
+    parser.add_argument("--max-batch", type=int, nargs="+", default=[None], metavar="N",
+                        help="start a server with each --max-batch in turn (default: serve's default)")
+    parser.add_argument("--llama-cpp-server", action="store_true",
+                        help="first run the same clients against llama-cpp-python's own server on the default GGUF "
+                        "(pip install sse-starlette starlette-context pydantic-settings)")
+    parser.add_argument("--clients", type=int, nargs="+", default=[32], metavar="N",
+                        help="concurrent streaming clients, one load phase each (default 32)")
+    parser.add_argument("--requests", type=int, default=None, help="requests per phase (default: twice the clients)")
     parser.add_argument("--max-tokens", type=int, default=32, help="tokens per request (default 32)")
     parser.add_argument("--prompts", type=int, default=8, help=f"distinct prompts, at most {len(PROMPTS)} (default 8)")
-    parser.add_argument("--time-limit", type=float, default=600, help="seconds for the load phase (default 600)")
+    parser.add_argument("--time-limit", type=float, default=600, help="seconds for each load phase (default 600)")
     parser.add_argument("--start-timeout", type=float, default=300, help="seconds to wait for a started server")
+    parser.add_argument("--out", type=Path, help="write results.json and report.md here")
     args = parser.parse_args(argv)
-    if min(args.clients, args.requests, args.max_tokens, args.prompts) < 1:
+    if min(*args.clients, args.requests or 1, args.max_tokens, args.prompts) < 1:
         parser.error("--clients, --requests, --max-tokens and --prompts must be >= 1")
+    if args.url and args.max_batch != [None]:
+        parser.error("--max-batch starts servers; it does not apply to --url")
 
-    with contextlib.ExitStack() as stack:
-        url = args.url.rstrip("/") if args.url else stack.enter_context(started_server(args))
-        references, report = asyncio.run(run_load(url, args))
-        summary = summarize(references, report, url)
-    print(json.dumps(summary, indent=2))
-    print(
-        f"{summary['ok']}/{summary['requests']} ok, {summary['errors']} errors, {summary['mismatches']} mismatches; "
-        f"latency p50 {summary['latency_p50_s']:.2f}s p95 {summary['latency_p95_s']:.2f}s; "
-        f"TTFT p50 {summary['ttft_p50_s']:.2f}s p95 {summary['ttft_p95_s']:.2f}s; "
-        f"{summary['completion_tokens']} tokens in {summary['wall_s']:.1f}s = {summary['tokens_per_s']:.1f} tokens/s",
-        file=sys.stderr,
-    )
-    return 0 if summary["errors"] == 0 and summary["mismatches"] == 0 else 1
+    runs = []
+    servers = ([("llama_cpp.server", None)] if args.llama_cpp_server else []) + [(None, b) for b in args.max_batch]
+    for peer, max_batch in servers:
+        with contextlib.ExitStack() as stack:
+            url = args.url.rstrip("/") if args.url else stack.enter_context(started_server(args, max_batch, bool(peer)))
+            for clients in args.clients:
+                requests = args.requests or 2 * clients
+                references, report = asyncio.run(run_load(url, args, clients, requests))
+                summary = summarize(references, report, url)
+                summary.update(server=peer or "specdecode serve", max_batch=max_batch, clients=clients,
+                               references=references)
+                runs.append(summary)
+                print(
+                    f"{peer or f'max-batch {max_batch}'}, {clients} clients: {summary['ok']}/{summary['requests']} ok, "
+                    f"{summary['errors']} errors, {summary['mismatches']} mismatches; latency p50 "
+                    f"{summary['latency_p50_s']:.2f}s p95 {summary['latency_p95_s']:.2f}s; TTFT p50 "
+                    f"{summary['ttft_p50_s']:.2f}s p95 {summary['ttft_p95_s']:.2f}s; {summary['completion_tokens']} "
+                    f"tokens in {summary['wall_s']:.1f}s = {summary['tokens_per_s']:.1f} tokens/s",
+                    file=sys.stderr)
+    # every server of ours decoded each prompt alone first: those references must agree across them too
+    ours = [r for r in runs if r["server"] == "specdecode serve"]
+    alone_differs = [p for p in ours[0]["references"] if len({json.dumps(r["references"][p]) for r in ours}) > 1] if ours else []
+    table = report_table(runs)
+    print(table)
+    if alone_differs:
+        print(f"prompts whose text decoded alone differs between servers: {alone_differs}", file=sys.stderr)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "results.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
+                                                            "runs": runs, "alone_differs": alone_differs}, indent=1))
+        (args.out / "report.md").write_text(table + "\n")
+    failed = any(r["errors"] or r["mismatches"] for r in ours) or alone_differs  # a peer's own are only reported
+    return 1 if failed else 0
+
+
+def report_table(runs: list[dict]) -> str:
+    """A markdown row per (server, clients), with the throughput and TTFT over our first server's at those clients."""
+    ours = [r for r in runs if r["server"] == "specdecode serve"] or runs
+    first = {r["clients"]: r for r in ours if r["max_batch"] == ours[0]["max_batch"]}
+    lines = ["| server | clients | requests | errors | mismatches | tokens/s | x first | latency p50 / p95 s "
+             "| TTFT p50 / p95 s | TTFT p95 / first's | tokens per target call |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+
+    def name(run: dict) -> str:
+        return run["server"] if run["server"] != "specdecode serve" else f"--max-batch {run['max_batch'] or 'default'}"
+
+    for r in runs:
+        base = first.get(r["clients"], r)
+        speed = r["tokens_per_s"] / base["tokens_per_s"] if base["tokens_per_s"] else math.nan
+        ttft = r["ttft_p95_s"] / base["ttft_p95_s"] if base["ttft_p95_s"] else math.nan
+        per_call = r.get("server_tokens_per_target_call")
+        lines.append(
+            f"| {name(r)} | {r['clients']} | {r['requests']} | {r['errors']} | {r['mismatches']} | "
+            f"{r['tokens_per_s']:.1f} | {speed:.2f}x | {r['latency_p50_s']:.1f} / {r['latency_p95_s']:.1f} | "
+            f"{r['ttft_p50_s']:.2f} / {r['ttft_p95_s']:.2f} | {ttft:.2f} | "
+            f"{'' if per_call is None else f'{per_call:.2f}'} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

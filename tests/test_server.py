@@ -740,3 +740,77 @@ def test_cli_serve_rejects_bad_options(capsys):
         main(["serve", "--gamma", "0"])
     assert caught.value.code == 2
     assert "gamma" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- continuous batching
+
+
+@pytest.fixture(scope="module")
+def batched(dirs):
+    """The target on the native engine, decoding up to 4 requests together (prompt lookup, cost-aware lengths)."""
+    from specdecode import backends
+    from specdecode.core.draft_length import CostProfile
+    from specdecode.drafters import PromptLookupDrafter
+
+    loaded = backends.load(str(dirs["target"]), "native", packing="none")
+    costs = CostProfile({1: 1e-3, 2: 1.05e-3, 3: 1.1e-3, 4: 1.15e-3})
+    pipeline = Pipeline(loaded, PromptLookupDrafter(), gamma=3, costs=costs)
+    config = ServerConfig(model_id=MODEL, max_prompt_tokens=MAX_PROMPT, max_queue=8, max_batch=4)
+    with running(pipeline, config) as server:
+        yield server
+
+
+PROMPTS = [PROMPT, "a bird sees the river", "the dog runs and runs and runs", "hello , what do you see ?",
+           "the red tree and the big river", "a small dog"]
+
+
+def test_batched_server_streams_concurrent_requests_each_as_decoded_alone(batched, reference):
+    """Six streaming clients at once (four decode together, two wait for a slot) and one bad request among them:
+    every text is the greedy continuation of its prompt decoded alone, and the bad one alone gets its 400."""
+    texts: dict[int, str] = {}
+    errors: list = []
+
+    def stream(i: int) -> None:
+        try:
+            chunks = batched.client().completions.create(model=MODEL, prompt=PROMPTS[i], max_tokens=24,
+                                                         temperature=0, stream=True)
+            texts[i] = "".join(chunk.choices[0].text for chunk in chunks)
+        except Exception as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(len(PROMPTS))]
+    for thread in threads:
+        thread.start()
+    bad = httpx.post(f"{batched.url}/v1/completions", json={"model": MODEL, "prompt": "dog " * 40, "max_tokens": 4})
+    for thread in threads:
+        thread.join(60)
+    assert not errors, errors
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "prompt"
+    assert texts == {i: greedy(reference, text_ids(p), 24) for i, p in enumerate(PROMPTS)}
+    snapshot = batched.metrics()
+    sequences = snapshot["specdecode_batch_sequences"]["samples"][0]
+    assert sequences["count"] > 0 and sequences["sum"] / sequences["count"] > 1.5  # passes did batch requests
+    assert snapshot["specdecode_queue_length"]["samples"][0]["count"] >= len(PROMPTS)
+    assert batched.app.state.engine.pass_costs is not None
+
+
+def test_batched_server_usage_and_a_seeded_sample_alone_or_beside_others(batched):
+    """usage.speculative per request; a seeded sample at T=1 is the same alone and while others decode beside it."""
+    def sample():
+        return batched.client().completions.create(model=MODEL, prompt=PROMPT, max_tokens=16, temperature=1.0, seed=7)
+
+    alone = sample()
+    assert alone.usage.speculative["draft"] == "ngram:1-3"
+    others = [threading.Thread(target=lambda p=p: batched.client().completions.create(
+        model=MODEL, prompt=p, max_tokens=30, temperature=1.0)) for p in PROMPTS[1:4]]
+    for thread in others:
+        thread.start()
+    beside = sample()
+    for thread in others:
+        thread.join(60)
+    assert beside.choices[0].text == alone.choices[0].text
+
+
+def test_batching_needs_the_native_engine(dirs):
+    with pytest.raises(ValueError, match="max_batch: batching needs the target on the native engine"):
+        create_app(Pipeline(load_model(str(dirs["target"])), None), ServerConfig(max_batch=2))

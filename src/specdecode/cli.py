@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Iterator
@@ -17,7 +18,8 @@ from specdecode.models.loading import DEFAULT_TARGET
 from specdecode.drafters.base import check_min_confidence
 from specdecode.questions import read_questions
 from specdecode.pairs import DEFAULT_MIN_CONFIDENCE
-from specdecode.pipeline import DEFAULT_DRAFT, DEFAULT_GAMMA, Pipeline, incremental_text
+from specdecode.pipeline import DEFAULT_DRAFT, DEFAULT_GAMMA, Pipeline, engine_name, incremental_text
+from specdecode.native.batching import DEFAULT_MAX_BATCH
 
 __all__ = ["main", "build_parser"]
 
@@ -51,7 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-prompt-tokens", type=int, default=2048, help="longest prompt in tokens (default 2048)")
     serve.add_argument("--max-tokens", type=int, default=400, help="largest max_tokens a request may ask for (default 400); "
                        "a completion without max_tokens gets 16, or this if lower")
-    serve.add_argument("--max-queue", type=int, default=64, help="requests that may wait while one runs; more get 429 (default 64)")
+    serve.add_argument("--max-queue", type=int, default=64, help="requests that may wait while --max-batch run; more get 429 (default 64)")
+    serve.add_argument("--max-batch", type=int, default=None,
+                       help=f"requests decoded together in batched forward passes, each with its own draft "
+                       f"(continuous batching; native engine only; default {DEFAULT_MAX_BATCH} on the native engine, else 1)")
     serve.add_argument("--shutdown-grace", type=float, default=30.0, help="seconds a running generation may finish at shutdown (default 30)")
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     bench_cli.add_parsers(commands)
@@ -256,6 +261,7 @@ def _serve(parser: argparse.ArgumentParser, args) -> int:
             max_prompt_tokens=args.max_prompt_tokens,
             max_tokens=args.max_tokens,
             max_queue=args.max_queue,
+            max_batch=1 if args.max_batch is None else args.max_batch,
             shutdown_grace=args.shutdown_grace,
             draft_aliases=(args.draft,),
         )
@@ -266,10 +272,13 @@ def _serve(parser: argparse.ArgumentParser, args) -> int:
                                  min_confidence=args.min_confidence, threads=args.threads, dtype=args.dtype,
                                  draft_backend=args.draft_backend)
         _warm_up(pipeline)
+        if args.max_batch is None:  # batching where the engine has it
+            native = engine_name(pipeline.target.model) == "native"
+            config = dataclasses.replace(config, max_batch=DEFAULT_MAX_BATCH if native else 1)
+        serve(pipeline, config, host=args.host, port=args.port, log_level=args.log_level)
     except (ValueError, FileNotFoundError, ImportError) as error:
         print(f"specdecode: error: {error}", file=sys.stderr)
         return 2
-    serve(pipeline, config, host=args.host, port=args.port, log_level=args.log_level)
     return 0
 
 

@@ -140,3 +140,53 @@ def measure_draft_costs(target: LanguageModel, drafter, profile: CostProfile, ga
         write_timing(path, key, record)
         logger.info("draft %s: c = %.3f of a target step per draft token", model_drafter.name, c)
     return {source: record["c"] for source in draft_sources(model_drafter)}
+
+
+_PASS_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # the row counts a pass is timed at (linear in between)
+
+
+def measure_pass_costs(engine, single: LanguageModel, max_rows: int, reps: int = 2):
+    """P(R): the seconds of one pass of a `native.batching.BatchedNativeLM` over R rows, spread over
+    min(R, max_batch) sequences each after a 128-token context, for R up to max_rows; cached under `single`'s
+    engine key (the model the batch shares) with the batch's size. No sequence may be open meanwhile.
+    """
+    from specdecode.core.batch_costs import PassCosts
+    from specdecode.native.slots import SlotRows, forward_rows
+
+    key = {**engine_key(single), "max_batch": engine.max_batch, "max_rows": max_rows, "version": 1}
+    path = timing_file("pass-costs", key)
+    record = read_timing(path, key)
+    if record is not None:
+        return PassCosts.from_dict(record)
+    if engine.open_sequences:
+        raise RuntimeError("measure_pass_costs needs a batch without open sequences")
+    context_length = max(1, min(_CONTEXT, engine.max_length - max_rows - 1))
+    context = torch.arange(context_length) % engine.vocab_size
+    model, cache = engine.model, engine.cache
+    sequences = min(engine.max_batch, max_rows)
+    with torch.inference_mode():
+        for s in range(sequences):
+            model(context, torch.arange(context_length), cache.slot(s), last_only=True, end=context_length)
+            cache.wrote(s, context_length)
+        seconds = {}
+        for rows in sorted({r for r in _PASS_ROWS if r <= max_rows} | {max_rows}):
+            count = min(rows, engine.max_batch)
+            per = [rows // count + (i < rows % count) for i in range(count)]
+            batch = [SlotRows(s, context[:n], context_length) for s, n in enumerate(per)]
+            times = []
+            for rep in range(reps + 1):
+                start = time.perf_counter()
+                if count == 1:  # as BatchedNativeLM runs a pass of one sequence
+                    n = per[0]
+                    model(context[:n], torch.arange(context_length, context_length + n), cache.slot(0),
+                          end=context_length + n)
+                else:
+                    forward_rows(model, cache, batch)
+                if rep:
+                    times.append(time.perf_counter() - start)
+            seconds[rows] = statistics.median(times)
+    costs = PassCosts(seconds)
+    write_timing(path, key, costs.to_dict())
+    logger.info("%s: a pass of R rows: %s", single.name,
+                {r: f"{1000 * t:.1f} ms" for r, t in sorted(seconds.items())})
+    return costs

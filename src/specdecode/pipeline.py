@@ -287,8 +287,10 @@ class Pipeline:
         stop: str | Sequence[str] = (),
         seed: int | None = 0,
         speculative: bool = True,
+        draft_length: AdaptiveDraftLength | None = None,
     ) -> TokenStream:
-        """Decode prompt_ids; speculative=False runs the target alone (the baseline). seed None: a fresh random seed."""
+        """Decode prompt_ids; speculative=False runs the target alone (the baseline). seed None: a fresh random seed.
+        draft_length: the cost-aware draft length to use (None: a fresh one from the costs, `draft_length()`)."""
         generator = torch.Generator()
         if seed is None:
             generator.seed()  # a non-deterministic seed (a new generator always starts from the same one)
@@ -304,7 +306,7 @@ class Pipeline:
             eos_token_ids=self.eos_token_ids(),
             stop=StopStrings(self.tokenizer, stop) if stop else None,
             generator=generator,
-            draft_length=self.draft_length() if speculative else None,
+            draft_length=None if not speculative else self.draft_length() if draft_length is None else draft_length,
         )
 
     def draft_length(self) -> AdaptiveDraftLength | None:

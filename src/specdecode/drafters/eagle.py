@@ -13,6 +13,7 @@ It has no token embedding: it uses its target's.
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -92,6 +93,19 @@ class EagleDrafter:
         self._prompt = torch.zeros(0, dtype=torch.long)
         self._tokens = torch.zeros(0, dtype=torch.long)  # the tokens of the cache slots computed from f
         self._started = False
+
+    def on_target(self, target: FeatureModel) -> "EagleDrafter":
+        """A drafter with this one's network (its weights and quantization, shared) on another target: each sequence
+        of a batch drafts from its own features with a cache of its own."""
+        if (target.config.hidden_size, target.vocab_size) != (self.target.config.hidden_size, self.target.vocab_size):
+            raise ValueError(f"{self.name}: the new target's hidden size or vocabulary differs from the draft's")
+        other = copy.copy(self)
+        target.keep_features()
+        other.target, other._embed = target, target.embed_tokens
+        other._cache = self.network.new_cache(target.max_length)
+        other._prompt = other._tokens = torch.zeros(0, dtype=torch.long)
+        other._started = False
+        return other
 
     def start(self, prompt_ids: torch.Tensor) -> None:
         self._prompt = torch.as_tensor(prompt_ids, dtype=torch.long).reshape(-1)

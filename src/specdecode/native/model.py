@@ -32,11 +32,15 @@ class KVCache:
     a length.
     """
 
-    def __init__(self, config: NativeConfig, max_len: int, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, config: NativeConfig, max_len: int, dtype: torch.dtype, device: torch.device,
+                 storage: torch.Tensor | None = None) -> None:
         # one uninitialized block: every slot is written before it is attended to, and on CPU the
         # pages of a large allocation become resident only as the context reaches them
         shape = (2, config.num_layers, 1, config.num_kv_heads, max_len, config.head_dim)
-        self.storage = torch.empty(shape, dtype=dtype, device=device)
+        if storage is not None and tuple(storage.shape) != shape:
+            raise ValueError(f"storage must have shape {shape}, got {tuple(storage.shape)}")
+        # storage given: a view of a larger cache (a sequence's slot in `native.slots.SlotCache`)
+        self.storage = torch.empty(shape, dtype=dtype, device=device) if storage is None else storage
         self.k = list(self.storage[0].unbind(0))  # [1, KV, max_len, D] views
         self.v = list(self.storage[1].unbind(0))
         self.max_len = max_len
@@ -122,17 +126,26 @@ class DecoderLayer(nn.Module):
     ) -> torch.Tensor:
         n = x.shape[0]
         h, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        qkv = self.qkv(self.attn_norm(x)).view(n, h + 2 * kv, d)  # [n, H + 2KV, D]
-        qk = qkv[:, : h + kv]
-        qk = torch.addcmul(qk * cos, qk.roll(d // 2, dims=-1), sin)  # RoPE on q and k at once
-        q, k, v = qk[:, :h], qk[:, h:], qkv[:, h + kv :]
+        q, k, v = self.project(x, cos, sin)
         k_cache[0].index_copy_(1, positions, k.transpose(0, 1))  # [KV, n, D] into slots `positions`
         v_cache[0].index_copy_(1, positions, v.transpose(0, 1))
         # fold the G heads sharing a key/value head into the query length: [1, KV, G*n, D]
         q = q.reshape(n, kv, h // kv, d).permute(1, 2, 0, 3).reshape(1, kv, (h // kv) * n, d)
         out = F.scaled_dot_product_attention(q, k_cache[:, :, :end], v_cache[:, :, :end], attn_mask=mask)
         out = out.view(kv, h // kv, n, d).permute(2, 0, 1, 3).reshape(n, h * d)  # [n, H*D], head-major
-        x = self._residual(x, self.o, out)
+        return self.output_and_mlp(x, out)
+
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """q [n, H, D], k and v [n, KV, D] of x [n, hidden], RoPE applied to q and k (cos, sin [n, 1, D])."""
+        h, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = self.qkv(self.attn_norm(x)).view(x.shape[0], h + 2 * kv, d)  # [n, H + 2KV, D]
+        qk = qkv[:, : h + kv]
+        qk = torch.addcmul(qk * cos, qk.roll(d // 2, dims=-1), sin)  # RoPE on q and k at once
+        return qk[:, :h], qk[:, h:], qkv[:, h + kv :]
+
+    def output_and_mlp(self, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        """The rest of the layer: x [n, hidden] + o(attended [n, H*D], head-major), then + the MLP of that."""
+        x = self._residual(x, self.o, attended)
         gate, up = self.gate_up(self.mlp_norm(x)).chunk(2, dim=-1)  # [n, I] each
         return self._residual(x, self.down, F.silu(gate) * up)
 
@@ -174,12 +187,16 @@ class NativeTransformer(nn.Module):
 
     def new_cache(self, max_len: int) -> KVCache:
         """A KV cache for positions [0, max_len), with RoPE tables to match."""
+        self.ensure_rope(max_len)
+        return KVCache(self.config, max_len, self.dtype, self.device)
+
+    def ensure_rope(self, max_len: int) -> None:
+        """RoPE tables for positions [0, max_len) (what a cache of max_len positions needs)."""
         if max_len > self.config.max_position_embeddings:
             raise ValueError(f"max_len {max_len} exceeds max_position_embeddings {self.config.max_position_embeddings}")
         if self.rope_cos.shape[0] < max_len:
             cos, sin = rope_for(self.config, max_len, self.dtype)  # [max_len, 1, D]
             self.rope_cos, self.rope_sin = cos.to(self.device), sin.to(self.device)
-        return KVCache(self.config, max_len, self.dtype, self.device)
 
     def forward(
         self,

@@ -5,7 +5,7 @@
     >>> serve(Pipeline.load(), ServerConfig(max_queue=32), port=8000)   # or: specdecode serve
 
 Modules: `schemas` (pydantic bodies), `errors` (OpenAI error bodies), `worker` (the
-single model thread and its queue), `engine` (prompts, drafters, one generation),
+model threads and their queue), `engine` (prompts, drafters, one generation),
 `metrics` (Prometheus + JSON), `app` (routes), `run` (uvicorn with graceful shutdown).
 """
 

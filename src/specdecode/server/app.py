@@ -56,7 +56,8 @@ class ServerConfig:
     max_prompt_tokens: int = 2048  # longer prompts: 400 context_length_exceeded (also capped by the context window)
     max_tokens: int = 400  # largest max_tokens a request may ask for
     default_max_tokens: int = 16  # /v1/completions without max_tokens (as OpenAI; at most max_tokens); chat: max_tokens
-    max_queue: int = 64  # requests that may wait while one runs; beyond: 429
+    max_queue: int = 64  # requests that may wait while max_batch run; beyond: 429
+    max_batch: int = 1  # requests decoded together (> 1: batched forward passes on the native engine)
     shutdown_grace: float = 30.0  # seconds the running generation may go on at shutdown
     draft_aliases: tuple[str, ...] = ()  # extra names for the configured draft (e.g. the path it was loaded from)
 
@@ -66,6 +67,8 @@ class ServerConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
+        if isinstance(self.max_batch, bool) or not isinstance(self.max_batch, int) or self.max_batch < 1:
+            raise ValueError(f"max_batch must be an integer >= 1, got {self.max_batch!r}")
         if not self.shutdown_grace >= 0:  # also NaN
             raise ValueError(f"shutdown_grace must be a number >= 0, got {self.shutdown_grace}")
 
@@ -76,11 +79,13 @@ class ServerConfig:
 
 
 def create_app(pipeline: Pipeline, config: ServerConfig = ServerConfig()) -> FastAPI:
-    """An app serving `pipeline`; its worker thread starts and stops with the app's lifespan."""
-    engine = Engine(pipeline, model_id=config.model_id, draft_aliases=config.draft_aliases)
+    """An app serving `pipeline`; its worker threads start and stop with the app's lifespan."""
     worker: Worker  # set below; the gauges read it lazily
     metrics = Metrics(waiting=lambda: worker.waiting, running=lambda: worker.running)
-    worker = Worker(engine.run, max_queue=config.max_queue, on_done=metrics.observe_job)
+    engine = Engine(pipeline, model_id=config.model_id, draft_aliases=config.draft_aliases,
+                    max_batch=config.max_batch, on_pass=metrics.observe_pass)
+    worker = Worker(engine.run, max_queue=config.max_queue, on_done=metrics.observe_job,
+                    concurrency=config.max_batch, on_submit=metrics.observe_queue)
     created = int(time.time())
 
     @contextlib.asynccontextmanager
@@ -211,6 +216,7 @@ def _generation_request(
         draft=draft,
         gamma=body.gamma,
         min_confidence=body.min_confidence if body.min_confidence is not None else engine.min_confidence(draft),
+        seeded=body.seed is not None,
     )
 
 

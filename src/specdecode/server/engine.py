@@ -1,17 +1,29 @@
-"""The model side of the server: prompt encoding, drafter choice, and running one job on the model thread."""
+"""The model side of the server: prompt encoding, drafter choice, and running a job on its model thread.
+
+With max_batch > 1 (the native engine) each running job decodes one sequence of a `BatchedNativeLM`, with a
+drafter of its own (`drafters.per_sequence`) and draft lengths priced at its share of a batched pass
+(`core.batch_costs`); the jobs' forward passes run together.
+"""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import torch
 
+from specdecode.core.batch_costs import PassCosts, SharedPassDraftLength
+from specdecode.core.draft_length import AdaptiveDraftLength
 from specdecode.core.sampling import SamplingParams
+from specdecode.cost_profile import measure_pass_costs
 from specdecode.decoding import TokenStream
 from specdecode.drafters import Drafter, LookupThenModelDrafter, ModelDrafter, PromptLookupDrafter
 from specdecode.drafters.eagle import EagleDrafter
+from specdecode.drafters.per_sequence import drafter_for_sequence
+from specdecode.models.loading import LoadedModel
+from specdecode.native.batching import BatchedNativeLM
+from specdecode.native.engine import NativeLM
 from specdecode.pipeline import Pipeline, incremental_text
 from specdecode.server.errors import APIError
 from specdecode.server.worker import Delta, Finished, Job
@@ -19,6 +31,7 @@ from specdecode.server.worker import Delta, Finished, Job
 __all__ = ["GenerationRequest", "Engine", "finish_reason"]
 
 NO_DRAFT = "none"
+MAX_PASS_ROWS = 256  # the largest pass timed for the batch's draft lengths (beyond: extrapolated)
 
 
 @dataclass(frozen=True)
@@ -33,6 +46,7 @@ class GenerationRequest:
     draft: str  # canonical drafter name: a key of Engine.drafters
     gamma: int | None  # draft tokens every call; None: the server's (cost-aware draft lengths where it chose them)
     min_confidence: float | None = None  # the draft model's early end for this request; None: the server's
+    seeded: bool = False  # the client chose the seed: in a batch, its draft lengths then follow its own calls only
 
 
 def finish_reason(reason: str) -> str:
@@ -41,11 +55,17 @@ def finish_reason(reason: str) -> str:
 
 
 class Engine:
-    """A `Pipeline` served over HTTP: one target, the configured drafter, and the per-request alternatives."""
+    """A `Pipeline` served over HTTP: one target, the configured drafter, and the per-request alternatives.
 
-    def __init__(self, pipeline: Pipeline, *, model_id: str | None = None, draft_aliases: Iterable[str] = ()) -> None:
+    max_batch: sequences decoded together (> 1 needs the target on the native engine: `native.batching`).
+    """
+
+    def __init__(self, pipeline: Pipeline, *, model_id: str | None = None, draft_aliases: Iterable[str] = (),
+                 max_batch: int = 1, on_pass: Callable[[int, int], None] | None = None) -> None:
         if pipeline.tokenizer is None:
             raise ValueError("the target has no tokenizer, so it cannot serve text requests")
+        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+            raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
         self.pipeline = pipeline
         self.model_id = model_id or str(pipeline.target.source)
         configured = pipeline.drafter
@@ -57,6 +77,27 @@ class Engine:
         # each drafter's early-end threshold as configured (None: no draft model); a request may set its own
         self._min_confidence = {name: None if (model := _model_part(d)) is None else model.min_confidence
                                 for name, d in self.drafters.items()}
+        self.max_batch = max_batch
+        self.batch: BatchedNativeLM | None = None
+        self.pass_costs: PassCosts | None = None
+        if max_batch > 1:
+            self._start_batch(on_pass)
+
+    def _start_batch(self, on_pass: Callable[[int, int], None] | None) -> None:
+        """The batched engine on the target's model; every drafter checked to run per sequence; pass costs timed."""
+        native = self.pipeline.target.model
+        if not isinstance(native, NativeLM):
+            raise ValueError(f"max_batch: batching needs the target on the native engine (--backend native), "
+                             f"not {type(native).__name__}; use --max-batch 1")
+        self.batch = BatchedNativeLM(native.model, self.max_batch, native.max_length, name=native.name, on_pass=on_pass)
+        with self.batch.open() as sequence:  # refuse a drafter that cannot run per sequence now, not per request
+            for drafter in self.drafters.values():
+                drafter_for_sequence(drafter, sequence)
+        if self.pipeline.costs is not None:
+            # at a full batch few sequences draft (a row costs about a sequence's share): beyond 2 rows per
+            # sequence, P(R) is extrapolated
+            rows = min(MAX_PASS_ROWS, 2 * self.max_batch, self.max_batch * (self.pipeline.gamma + 1))
+            self.pass_costs = measure_pass_costs(self.batch, native, rows)
 
     @property
     def tokenizer(self):
@@ -122,33 +163,67 @@ class Engine:
                            param="messages", code="invalid_value") from error
         return list(encoded["input_ids"])
 
-    # -- generation (model thread only)
+    # -- generation (model threads only)
     def run(self, job: Job) -> None:
         """Generate for `job`, emitting text deltas and then `Finished` (or stopping when it is cancelled)."""
+        if self.batch is not None:
+            self._run_in_batch(job)
+            return
         request: GenerationRequest = job.request  # type: ignore[assignment]
         drafter = self.drafters[request.draft]
         model = _model_part(drafter)
         if model is not None and request.min_confidence is not None:  # this request's, then the server's again
             model.min_confidence = request.min_confidence
         try:
-            if request.gamma is None:  # the server's gamma, and its cost-aware draft lengths if it has them
-                pipe = replace(self.pipeline, drafter=drafter)
-            else:  # an explicit gamma drafts that many tokens every call, as `--gamma` does
-                pipe = replace(self.pipeline, drafter=drafter, gamma=request.gamma, costs=None)
-            tokens = pipe.stream(
-                torch.tensor(request.prompt_ids, dtype=torch.long),
-                max_new_tokens=request.max_tokens,
-                sampling=request.sampling,
-                stop=request.stop,
-                seed=request.seed,
-            )
-            pieces = []
-            for piece in incremental_text(pipe, _chunks(tokens, job), request.stop):
-                pieces.append(piece)
-                job.emit(Delta(piece))
+            pipe = self._pipeline_for(request, self.pipeline.target, drafter)
+            self._generate(job, pipe, pipe.draft_length())
         finally:
             if model is not None:
                 model.min_confidence = self._min_confidence[request.draft]
+
+    def _run_in_batch(self, job: Job) -> None:
+        """Generate for `job` as one sequence of the batch, with a drafter of its own."""
+        request: GenerationRequest = job.request  # type: ignore[assignment]
+        assert self.batch is not None
+        with self.batch.open() as sequence:
+            drafter = drafter_for_sequence(self.drafters[request.draft], sequence)
+            model = _model_part(drafter)
+            if model is not None and request.min_confidence is not None:
+                model.min_confidence = request.min_confidence
+            pipe = self._pipeline_for(request, replace(self.pipeline.target, model=sequence), drafter)
+            draft_length = pipe.draft_length()
+            # priced at its share of a pass; a seeded sample keeps draft lengths (and with them its random draws)
+            # that do not depend on the other requests in the batch
+            if draft_length is not None and self.pass_costs is not None and (request.sampling.greedy or not request.seeded):
+                draft_length = SharedPassDraftLength(
+                    draft_length.profile, draft_length.max_gamma, dict(draft_length.draft_costs),
+                    costs=self.pass_costs, batch_state=lambda: self.batch.batch_state(sequence),
+                    single_t1=draft_length.profile.target_seconds[1])
+            self._generate(job, pipe, draft_length)
+
+    def _pipeline_for(self, request: GenerationRequest, target: LoadedModel, drafter: Drafter | None) -> Pipeline:
+        """The pipeline of one request: the server's gamma and cost-aware draft lengths, or the request's gamma."""
+        if request.gamma is None:  # the server's gamma, and its cost-aware draft lengths if it has them
+            return replace(self.pipeline, target=target, drafter=drafter)
+        # an explicit gamma drafts that many tokens every call, as `--gamma` does
+        return replace(self.pipeline, target=target, drafter=drafter, gamma=request.gamma, costs=None)
+
+    @staticmethod
+    def _generate(job: Job, pipe: Pipeline, draft_length: AdaptiveDraftLength | None) -> None:
+        """Stream the generation's text to the job, then `Finished` (or end it as cancelled)."""
+        request: GenerationRequest = job.request  # type: ignore[assignment]
+        tokens = pipe.stream(
+            torch.tensor(request.prompt_ids, dtype=torch.long),
+            max_new_tokens=request.max_tokens,
+            sampling=request.sampling,
+            stop=request.stop,
+            seed=request.seed,
+            draft_length=draft_length,
+        )
+        pieces = []
+        for piece in incremental_text(pipe, _chunks(tokens, job), request.stop):
+            pieces.append(piece)
+            job.emit(Delta(piece))
         if tokens.result is None:  # cancelled between two chunks
             job.end_cancelled()
             return

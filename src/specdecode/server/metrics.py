@@ -15,6 +15,7 @@ __all__ = ["Metrics", "RequestMetricsMiddleware", "PROMETHEUS_CONTENT_TYPE"]
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _RATE_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
+_COUNT_BUCKETS = (0, 1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 
 class Metrics:
@@ -53,6 +54,18 @@ class Metrics:
             "specdecode_generation_tokens_per_second", "generated tokens per second of generation time, per request",
             buckets=_RATE_BUCKETS, registry=r,
         )
+        self.batch_sequences = Histogram(
+            "specdecode_batch_sequences", "sequences per target forward pass (prefills apart)", buckets=_COUNT_BUCKETS,
+            registry=r,
+        )
+        self.batch_rows = Histogram(
+            "specdecode_batch_rows", "token rows per target forward pass: each sequence's last token and draft",
+            buckets=_COUNT_BUCKETS, registry=r,
+        )
+        self.queue_length = Histogram(
+            "specdecode_queue_length", "requests waiting, seen by each accepted request", buckets=_COUNT_BUCKETS,
+            registry=r,
+        )
         Gauge("specdecode_requests_waiting", "requests queued for the model", registry=r).set_function(waiting)
         Gauge("specdecode_requests_running", "requests being generated", registry=r).set_function(running)
 
@@ -60,6 +73,14 @@ class Metrics:
     def observe_request(self, endpoint: str, status: int, seconds: float) -> None:
         self.requests.labels(endpoint, str(status)).inc()
         self.request_seconds.labels(endpoint).observe(seconds)
+
+    def observe_pass(self, sequences: int, rows: int) -> None:
+        """A batched forward pass over `rows` token rows of `sequences` sequences (any thread)."""
+        self.batch_sequences.observe(sequences)
+        self.batch_rows.observe(rows)
+
+    def observe_queue(self, waiting: int) -> None:
+        self.queue_length.observe(waiting)
 
     def observe_job(self, job: Job) -> None:
         """Record a finished, failed or cancelled generation."""

@@ -1,10 +1,11 @@
-"""One model thread, fed by an asyncio queue: generations run one at a time, any number of clients wait.
+"""Model threads fed by an asyncio queue: up to `concurrency` generations at once, a bounded number waiting.
 
-The model is not thread-safe, so every generation runs on the same single worker
-thread. Requests become `Job`s; a dispatcher task takes them from an asyncio queue
-in order and runs each on the thread, which reports back through the job's event
-queue (text deltas, then one terminal event). A job can be cancelled at any time:
-a waiting job is skipped, a running one stops between two token chunks.
+With concurrency 1 every generation runs on the same single thread (a model is not thread-safe). With more,
+each running generation has a thread of its own, and the engine batches their forward passes
+(`native.batching`). Requests become `Job`s; a dispatcher task takes them from an asyncio queue in order and
+starts each on a thread, which reports back through the job's event queue (text deltas, then one terminal
+event). A job can be cancelled at any time: a waiting job is skipped, a running one stops between two token
+chunks.
 """
 
 from __future__ import annotations
@@ -119,31 +120,41 @@ class Job:
 
 
 class Worker:
-    """Runs `run(job)` for each submitted job on one thread, in order; bounds how many jobs wait.
+    """Runs `run(job)` for each submitted job, in order of arrival, up to `concurrency` at once, each on a thread.
 
-    Capacity: `max_queue` jobs waiting plus the one running; beyond it `submit` raises a 429.
-    Loop-side state (the waiting jobs, `running`) is only touched from the event loop.
+    Capacity: `max_queue` jobs waiting plus the `concurrency` running; beyond it `submit` raises a 429.
+    Loop-side state (the waiting jobs, the running ones) is only touched from the event loop.
+    on_submit(waiting): called with the jobs waiting after each accepted submission (metrics).
     """
 
     def __init__(
-        self, run: Callable[[Job], None], *, max_queue: int, on_done: Callable[[Job], None] | None = None
+        self, run: Callable[[Job], None], *, max_queue: int, on_done: Callable[[Job], None] | None = None,
+        concurrency: int = 1, on_submit: Callable[[int], None] | None = None,
     ) -> None:
         if max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {max_queue}")
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise ValueError(f"concurrency must be an integer >= 1, got {concurrency!r}")
         self._run = run
         self._on_done = on_done
+        self._on_submit = on_submit
         self.max_queue = max_queue
+        self.concurrency = concurrency
         self._pending: set[Job] = set()  # submitted, not yet taken by the dispatcher
-        self.running = 0
+        self._running: set[Job] = set()
         self.accepting = False
         self.loop: asyncio.AbstractEventLoop | None = None
         self._queue: asyncio.Queue[Job | None] | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._dispatcher: asyncio.Task | None = None
-        self._current: Job | None = None
+        self._free: asyncio.Semaphore | None = None  # one per thread not running a job
         self._idle: asyncio.Event | None = None
         self._go = threading.Event()
         self._go.set()
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
 
     @property
     def waiting(self) -> int:
@@ -157,7 +168,8 @@ class Worker:
         self._queue = asyncio.Queue()
         self._idle = asyncio.Event()
         self._idle.set()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdecode-model")
+        self._free = asyncio.Semaphore(self.concurrency)
+        self._executor = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="specdecode-model")
         self._dispatcher = asyncio.create_task(self._dispatch(), name="specdecode-dispatcher")
         self.accepting = True
 
@@ -175,16 +187,16 @@ class Worker:
             self._queue.put_nowait(None)  # wakes the dispatcher so it can end
 
     async def drain(self, grace: float) -> None:
-        """begin_shutdown, let the running job finish for up to `grace` seconds, then cancel it."""
+        """begin_shutdown, let the running jobs finish for up to `grace` seconds, then cancel them."""
         self.begin_shutdown()
         if self._idle is None or self._idle.is_set():
             return
         try:
             await asyncio.wait_for(self._idle.wait(), timeout=grace)
         except TimeoutError:
-            if self._current is not None:
-                logger.warning("cancelling generation %d at shutdown", self._current.number)
-                self._current.cancel(APIError(503, "the server shut down during generation", code="shutting_down"))
+            for job in list(self._running):
+                logger.warning("cancelling generation %d at shutdown", job.number)
+                job.cancel(APIError(503, "the server shut down during generation", code="shutting_down"))
             self._go.set()
             await self._idle.wait()
 
@@ -203,7 +215,7 @@ class Worker:
         """Queue a job for `request`; 503 when not accepting, 429 when the queue is full."""
         if not self.accepting or self._queue is None:
             raise APIError(503, "the server is not ready or is shutting down", code="unavailable")
-        if self.waiting + self.running > self.max_queue:
+        if self.waiting + self.running >= self.max_queue + self.concurrency:
             raise APIError(
                 429, f"too many requests: {self.waiting} waiting (limit {self.max_queue}); retry later",
                 code="queue_full",
@@ -211,6 +223,8 @@ class Worker:
         job = Job(request, asyncio.get_running_loop())
         self._pending.add(job)
         self._queue.put_nowait(job)
+        if self._on_submit is not None:
+            self._on_submit(self.waiting)
         return job
 
     # -- pausing (any thread): hold jobs before they start, e.g. for maintenance or tests
@@ -222,28 +236,42 @@ class Worker:
 
     # -- internals
     async def _dispatch(self) -> None:
-        assert self._queue is not None and self._idle is not None
-        loop = asyncio.get_running_loop()
+        assert self._queue is not None and self._idle is not None and self._free is not None
+        tasks: set[asyncio.Task] = set()
         while True:
+            await self._free.acquire()  # a thread is free: take the next job
             job = await self._queue.get()
             if job is None:
+                self._free.release()
                 if not self.accepting:
+                    if tasks:
+                        await asyncio.gather(*tasks, return_exceptions=True)
                     return
                 continue
             self._pending.discard(job)
             if job.cancelled:  # the client left while waiting
+                self._free.release()
                 self._finish(job)
                 continue
-            self.running, self._current = 1, job
+            self._running.add(job)
             self._idle.clear()
-            try:
-                await asyncio.shield(loop.run_in_executor(self._executor, self._run_job, job))
-            except Exception as error:  # the thread reports its own errors; this is a last resort
-                logger.exception("generation %d failed", job.number)
-                job.emit(Failed(APIError(500, f"generation failed: {error}")))
-            finally:
-                self.running, self._current = 0, None
-                self._finish(job)
+            task = asyncio.create_task(self._execute(job), name=f"specdecode-job-{job.number}")
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+
+    async def _execute(self, job: Job) -> None:
+        """Run the job on a thread of the executor; then free that thread for the next job."""
+        assert self._free is not None and self._idle is not None
+        try:
+            await asyncio.shield(asyncio.get_running_loop().run_in_executor(self._executor, self._run_job, job))
+        except Exception as error:  # the thread reports its own errors; this is a last resort
+            logger.exception("generation %d failed", job.number)
+            job.emit(Failed(APIError(500, f"generation failed: {error}")))
+        finally:
+            self._running.discard(job)
+            self._finish(job)
+            self._free.release()
+            if not self._running:
                 self._idle.set()
 
     def _run_job(self, job: Job) -> None:
