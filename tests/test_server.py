@@ -814,3 +814,17 @@ def test_batched_server_usage_and_a_seeded_sample_alone_or_beside_others(batched
 def test_batching_needs_the_native_engine(dirs):
     with pytest.raises(ValueError, match="max_batch: batching needs the target on the native engine"):
         create_app(Pipeline(load_model(str(dirs["target"])), None), ServerConfig(max_batch=2))
+
+
+def test_cli_serve_batches_on_the_native_engine_unless_the_draft_is_a_model(monkeypatch, dirs):
+    from specdecode.native.batching import DEFAULT_MAX_BATCH
+
+    captured = {}
+    monkeypatch.setattr("specdecode.server.serve", lambda pipeline, config, **kwargs: captured.update(config=config))
+    base = ["serve", "--target", str(dirs["target"]), "--backend", "native", "--packing", "none"]
+    assert main(base + ["--draft", "ngram"]) == 0
+    assert captured["config"].max_batch == DEFAULT_MAX_BATCH
+    assert main(base + ["--draft", str(dirs["draft"]), "--gamma", "2"]) == 0
+    assert captured["config"].max_batch == 1  # a separate draft model keeps one cache
+    assert main(base + ["--draft", "ngram", "--max-batch", "3"]) == 0
+    assert captured["config"].max_batch == 3

@@ -19,6 +19,7 @@ from specdecode.drafters.base import check_min_confidence
 from specdecode.questions import read_questions
 from specdecode.pairs import DEFAULT_MIN_CONFIDENCE
 from specdecode.pipeline import DEFAULT_DRAFT, DEFAULT_GAMMA, Pipeline, engine_name, incremental_text
+from specdecode.drafters.per_sequence import runs_per_sequence
 from specdecode.native.batching import DEFAULT_MAX_BATCH
 
 __all__ = ["main", "build_parser"]
@@ -56,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-queue", type=int, default=64, help="requests that may wait while --max-batch run; more get 429 (default 64)")
     serve.add_argument("--max-batch", type=int, default=None,
                        help=f"requests decoded together in batched forward passes, each with its own draft "
-                       f"(continuous batching; native engine only; default {DEFAULT_MAX_BATCH} on the native engine, else 1)")
+                       f"(continuous batching; native engine only; default {DEFAULT_MAX_BATCH} on the native engine unless the draft "
+                       "is a separate model, else 1)")
     serve.add_argument("--shutdown-grace", type=float, default=30.0, help="seconds a running generation may finish at shutdown (default 30)")
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     bench_cli.add_parsers(commands)
@@ -272,9 +274,9 @@ def _serve(parser: argparse.ArgumentParser, args) -> int:
                                  min_confidence=args.min_confidence, threads=args.threads, dtype=args.dtype,
                                  draft_backend=args.draft_backend)
         _warm_up(pipeline)
-        if args.max_batch is None:  # batching where the engine has it
-            native = engine_name(pipeline.target.model) == "native"
-            config = dataclasses.replace(config, max_batch=DEFAULT_MAX_BATCH if native else 1)
+        if args.max_batch is None:  # batching where the engine and the draft allow it
+            batches = engine_name(pipeline.target.model) == "native" and runs_per_sequence(pipeline.drafter)
+            config = dataclasses.replace(config, max_batch=DEFAULT_MAX_BATCH if batches else 1)
         serve(pipeline, config, host=args.host, port=args.port, log_level=args.log_level)
     except (ValueError, FileNotFoundError, ImportError) as error:
         print(f"specdecode: error: {error}", file=sys.stderr)

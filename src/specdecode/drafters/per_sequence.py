@@ -7,7 +7,7 @@ from specdecode.drafters.composite import LookupThenModelDrafter
 from specdecode.drafters.eagle import EagleDrafter, FeatureModel
 from specdecode.drafters.prompt_lookup import PromptLookupDrafter
 
-__all__ = ["drafter_for_sequence"]
+__all__ = ["drafter_for_sequence", "runs_per_sequence"]
 
 
 def drafter_for_sequence(drafter: Drafter | None, target: FeatureModel) -> Drafter | None:
@@ -27,3 +27,10 @@ def drafter_for_sequence(drafter: Drafter | None, target: FeatureModel) -> Draft
         return LookupThenModelDrafter(model, min_match=drafter.lookup.min_ngram, max_match=drafter.lookup.max_ngram)
     raise ValueError(f"draft: {drafter.name} cannot run per sequence of a batch (a draft model keeps one cache); "
                      "use 'ngram', an EAGLE draft ('auto', 'bundled'), 'none', or --max-batch 1")
+
+
+def runs_per_sequence(drafter: Drafter | None) -> bool:
+    """Whether `drafter_for_sequence` takes this drafter (no separate draft model)."""
+    if isinstance(drafter, LookupThenModelDrafter):
+        return runs_per_sequence(drafter.model)
+    return drafter is None or isinstance(drafter, (PromptLookupDrafter, EagleDrafter))
