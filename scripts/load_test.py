@@ -102,7 +102,8 @@ def _peer_command(port: int) -> list[str]:
     from specdecode.models.loading import default_gguf_path
 
     return [sys.executable, "-m", "llama_cpp.server", "--model", str(default_gguf_path()), "--host", "127.0.0.1",
-            "--port", str(port), "--n_threads", str(os.cpu_count() or 2), "--n_ctx", "4096"]
+            "--port", str(port), "--n_threads", str(os.cpu_count() or 2), "--n_ctx", "4096",
+            "--interrupt_requests", "False"]  # by default a new request stops the one streaming
 
 
 @contextlib.contextmanager
