@@ -101,27 +101,37 @@ def test_never_written_cache_memory_cannot_leak_into_a_pass() -> None:
         seq.check(tokens, logits)
 
 
-def _decode_in_threads(batch: BatchedNativeLM, jobs: list[dict]) -> list:
-    """Each job {prompt, kwargs} decoded on its own thread, as one sequence of the batch."""
-    results: list = [None] * len(jobs)
+def _on_threads(count: int, run, timeout: float) -> None:
+    """run(i) for i in range(count), each on a thread of its own (a sequence of a batch each); their errors fail
+    the test."""
     errors: list = []
 
-    def run(i: int) -> None:
+    def guarded(i: int) -> None:
         try:
-            with batch.open() as sequence:
-                job = jobs[i]
-                drafter = job.get("drafter")
-                results[i] = generate(sequence, job["prompt"], drafter=drafter(sequence) if drafter else None,
-                                      **job["kwargs"])
+            run(i)
         except BaseException as error:  # reported below, in the test's thread
             errors.append(error)
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
+    threads = [threading.Thread(target=guarded, args=(i,)) for i in range(count)]
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(60)
+        thread.join(timeout)
     assert not errors, errors
+
+
+def _decode_in_threads(batch: BatchedNativeLM, jobs: list[dict]) -> list:
+    """Each job {prompt, kwargs} decoded on its own thread, as one sequence of the batch."""
+    results: list = [None] * len(jobs)
+
+    def run(i: int) -> None:
+        with batch.open() as sequence:
+            job = jobs[i]
+            drafter = job.get("drafter")
+            results[i] = generate(sequence, job["prompt"], drafter=drafter(sequence) if drafter else None,
+                                  **job["kwargs"])
+
+    _on_threads(len(jobs), run, 60)
     return results
 
 
@@ -195,30 +205,21 @@ def test_batched_requests_each_keep_their_target_distribution() -> None:
     samples, length = 3000, 3
     counts = [Counter() for _ in REQUESTS]
     drafted = [0] * len(REQUESTS)
-    errors: list = []
 
     def run(i: int) -> None:
         generator = torch.Generator().manual_seed(10 + i)
-        try:
-            for _ in range(samples):
-                with batch.open() as sequence:
-                    draft_length = SharedPassDraftLength(
-                        CostProfile({1: 1.0, 2: 1.05, 3: 1.1, 4: 1.15}), 3, {eagle.name: 0.05}, costs=costs,
-                        batch_state=lambda: batch.batch_state(sequence), single_t1=1.0)
-                    result = generate(sequence, PROMPT, drafter=eagle.on_target(sequence), gamma=3,
-                                      max_new_tokens=length, sampling=REQUESTS[i], generator=generator,
-                                      draft_length=draft_length)
-                    counts[i][tuple(result.token_ids)] += 1
-                    drafted[i] += result.stats.draft_tokens
-        except BaseException as error:
-            errors.append(error)
+        for _ in range(samples):
+            with batch.open() as sequence:
+                draft_length = SharedPassDraftLength(
+                    CostProfile({1: 1.0, 2: 1.05, 3: 1.1, 4: 1.15}), 3, {eagle.name: 0.05}, costs=costs,
+                    batch_state=lambda: batch.batch_state(sequence), single_t1=1.0)
+                result = generate(sequence, PROMPT, drafter=eagle.on_target(sequence), gamma=3,
+                                  max_new_tokens=length, sampling=REQUESTS[i], generator=generator,
+                                  draft_length=draft_length)
+                counts[i][tuple(result.token_ids)] += 1
+                drafted[i] += result.stats.draft_tokens
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(REQUESTS))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(300)
-    assert not errors, errors
+    _on_threads(len(REQUESTS), run, 300)
     assert max(batch.passes.sequences) > 1  # the requests did share passes
     assert all(n > samples // 4 for n in drafted), drafted  # and verified EAGLE drafts in them
     for sampling, observed in zip(REQUESTS, counts):

@@ -151,7 +151,7 @@ def measure_pass_costs(engine, single: LanguageModel, max_rows: int, reps: int =
     engine key (the model the batch shares) with the batch's size. No sequence may be open meanwhile.
     """
     from specdecode.core.batch_costs import PassCosts
-    from specdecode.native.slots import SlotRows, forward_rows
+    from specdecode.native.slots import SlotRows
 
     key = {**engine_key(single), "max_batch": engine.max_batch, "max_rows": max_rows, "version": 1}
     path = timing_file("pass-costs", key)
@@ -162,12 +162,9 @@ def measure_pass_costs(engine, single: LanguageModel, max_rows: int, reps: int =
         raise RuntimeError("measure_pass_costs needs a batch without open sequences")
     context_length = max(1, min(_CONTEXT, engine.max_length - max_rows - 1))
     context = torch.arange(context_length) % engine.vocab_size
-    model, cache = engine.model, engine.cache
-    sequences = min(engine.max_batch, max_rows)
     with torch.inference_mode():
-        for s in range(sequences):
-            model(context, torch.arange(context_length), cache.slot(s), last_only=True, end=context_length)
-            cache.wrote(s, context_length)
+        for s in range(min(engine.max_batch, max_rows)):
+            engine.forward([SlotRows(s, context, 0, last_only=True)])
         seconds = {}
         for rows in sorted({r for r in _PASS_ROWS if r <= max_rows} | {max_rows}):
             count = min(rows, engine.max_batch)
@@ -176,12 +173,7 @@ def measure_pass_costs(engine, single: LanguageModel, max_rows: int, reps: int =
             times = []
             for rep in range(reps + 1):
                 start = time.perf_counter()
-                if count == 1:  # as BatchedNativeLM runs a pass of one sequence
-                    n = per[0]
-                    model(context[:n], torch.arange(context_length, context_length + n), cache.slot(0),
-                          end=context_length + n)
-                else:
-                    forward_rows(model, cache, batch)
+                engine.forward(batch)
                 if rep:
                     times.append(time.perf_counter() - start)
             seconds[rows] = statistics.median(times)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specdecode.models.base import ContextLengthError, checked_token_ids
+from specdecode.native.engine import CachedSequence
 from specdecode.native.model import NativeTransformer
 from specdecode.native.slots import SlotCache, SlotRows, forward_rows
 
@@ -166,20 +166,25 @@ class BatchedNativeLM:
             raise request.error
         return request.logits
 
+    def forward(self, parts: list[SlotRows]) -> list[torch.Tensor]:
+        """One pass over `parts` (distinct slots), without the scheduling: the logits of each (`forward_rows`; a
+        single part runs `NativeTransformer.forward` on its slot, the arithmetic of `NativeLM`). For callers that
+        hold no open sequence (timing the passes); sequences go through `SlotLM`."""
+        if len(parts) > 1:
+            return forward_rows(self.model, self.cache, parts)
+        rows = parts[0]
+        n, first, device = rows.tokens.numel(), rows.start, self.model.device
+        logits = self.model(rows.tokens.to(device), torch.arange(first, first + n, device=device),
+                            self.cache.slot(rows.slot), last_only=rows.last_only, end=first + n)
+        self.cache.wrote(rows.slot, first + n)
+        return [logits.float()]
+
     def _run_pass(self, batch: list[_Request]) -> None:
         """One forward pass over every request's rows; each gets its logits, or the error of the pass."""
         try:
             start = time.perf_counter()
             with self._model_lock:
-                if len(batch) == 1:  # the single-sequence engine's arithmetic
-                    rows = batch[0].rows
-                    n, first = rows.tokens.numel(), rows.start
-                    device = self.model.device
-                    logits = [self.model(rows.tokens.to(device), torch.arange(first, first + n, device=device),
-                                         self.cache.slot(rows.slot), last_only=rows.last_only, end=first + n).float()]
-                    self.cache.wrote(rows.slot, first + n)
-                else:
-                    logits = forward_rows(self.model, self.cache, [r.rows for r in batch])
+                logits = self.forward([r.rows for r in batch])
                 for request in batch:  # what each slot now holds (rolled-back tokens are overwritten here)
                     part = request.rows
                     self._contents[part.slot] = self._contents[part.slot][: part.start] + part.tokens.tolist()
@@ -210,7 +215,7 @@ def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
     return n
 
 
-class SlotLM:
+class SlotLM(CachedSequence):
     """One sequence of a `BatchedNativeLM`: a `LanguageModel` (and an EAGLE draft's `FeatureModel`) on its slot.
 
     Every open sequence is driven by a thread of its own (a pass waits for all of them: a second open sequence
@@ -225,10 +230,7 @@ class SlotLM:
         self.vocab_size = batch.vocab_size
         self.max_length = batch.max_length
         self.device = batch.model.device
-        self._prompt_length = 0
-        self._num_generated = 0
-        self._started = False
-        self._features_from = 0
+        super().__init__()
         self._closed = False
         self.last_rows = 1  # the rows its last pass fed (what the others' draft lengths reckon with)
 
@@ -243,16 +245,6 @@ class SlotLM:
         self._closed = True
         self._batch._close(self)
 
-    @property
-    def num_generated(self) -> int:
-        return self._num_generated
-
-    def _cached(self) -> int:
-        return self._prompt_length + self._num_generated
-
-    def room(self) -> int:
-        return self.max_length - self._cached()
-
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError(f"{self.name}: slot {self.slot} was closed")
@@ -260,36 +252,21 @@ class SlotLM:
     @torch.inference_mode()
     def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor:
         self._check_open()
-        prompt_ids = checked_token_ids(prompt_ids, "prompt_ids", self.vocab_size, self.name)
-        if prompt_ids.numel() >= self.max_length:
-            raise ContextLengthError(
-                f"{self.name}: the prompt has {prompt_ids.numel()} tokens but at most {self.max_length - 1} fit "
-                f"(context window {self.max_length}, the KV cache size per sequence); shorten the prompt")
+        prompt_ids = self._checked_prompt(prompt_ids)
         self._features_from = 0
         reused = self._batch._reuse_prefix(self.slot, prompt_ids.tolist())  # positions [0, reused) are in the slot
         logits = self._batch._extend(self, SlotRows(self.slot, prompt_ids[reused:], reused, last_only=True))  # [1, V]
-        self._prompt_length, self._num_generated, self._started = prompt_ids.numel(), 0, True
+        self._started_with(prompt_ids.numel())
         return logits[0]  # [V]
 
     @torch.inference_mode()
     def extend(self, token_ids: torch.Tensor) -> torch.Tensor:
         self._check_open()
-        if not self._started:
-            raise RuntimeError("call prefill() before extend()")
-        token_ids = checked_token_ids(token_ids, "token_ids", self.vocab_size, self.name)
-        if token_ids.numel() > self.room():
-            raise ContextLengthError(
-                f"{self.name}: feeding {token_ids.numel()} tokens would exceed the context window of {self.max_length} "
-                f"positions (prompt {self._prompt_length}, generated {self._num_generated})")
+        token_ids = self._checked_feed(token_ids)
         self.last_rows = token_ids.numel()
         logits = self._batch._extend(self, SlotRows(self.slot, token_ids, self._cached()))  # [n, V]
         self._num_generated += token_ids.numel()
         return logits
-
-    def rollback(self, num_generated: int) -> None:
-        if not 0 <= num_generated <= self._num_generated:
-            raise ValueError(f"num_generated must be in [0, {self._num_generated}], got {num_generated}")
-        self._num_generated = num_generated
 
     # -- what an EAGLE draft reads (`drafters.eagle.FeatureModel`)
     def keep_features(self) -> None:
@@ -304,8 +281,5 @@ class SlotLM:
         features = self._batch.cache.features
         if features is None:
             raise RuntimeError(f"{self.name}: call keep_features() before the forward passes whose features you need")
-        cached = self._cached()
-        if not self._features_from <= start <= end <= cached:
-            raise ValueError(f"{self.name}: features of positions [{start}, {end}) asked; those of "
-                             f"[{self._features_from}, {cached}) are known")
+        self._check_feature_range(start, end)
         return features[self.slot, start:end].float()

@@ -17,7 +17,7 @@ from specdecode.native.model import KVCache, NativeTransformer
 if TYPE_CHECKING:
     from specdecode.native.layout import LayoutChoice
 
-__all__ = ["NativeLM", "DEFAULT_MAX_CACHE_LEN"]
+__all__ = ["NativeLM", "CachedSequence", "DEFAULT_MAX_CACHE_LEN"]
 
 DEFAULT_MAX_CACHE_LEN = 4096  # the cache is preallocated: 2 * layers * KV * D * max_len values
 
@@ -90,7 +90,72 @@ def release_freed_memory() -> None:
         trim(0)
 
 
-class NativeLM:
+class CachedSequence:
+    """One sequence's positions in a static KV cache, shared by `NativeLM` and `native.batching.SlotLM`: how many
+    prompt and generated tokens are cached, the room left, rollback (only a length moves), and the checks of
+    what is fed. Subclasses set name, vocab_size and max_length."""
+
+    name: str
+    vocab_size: int
+    max_length: int
+
+    def __init__(self) -> None:
+        self._prompt_length = 0
+        self._num_generated = 0
+        self._started = False
+        self._features_from = 0  # features of positions before this one are unknown (see keep_features)
+
+    @property
+    def num_generated(self) -> int:
+        return self._num_generated
+
+    def room(self) -> int:
+        return self.max_length - self._cached()
+
+    def _cached(self) -> int:
+        """Positions whose keys and values are in the cache."""
+        return self._prompt_length + self._num_generated
+
+    def _checked_prompt(self, prompt_ids: torch.Tensor) -> torch.Tensor:
+        """prompt_ids as checked token ids that fit the context with room for one more token."""
+        prompt_ids = checked_token_ids(prompt_ids, "prompt_ids", self.vocab_size, self.name)
+        if prompt_ids.numel() >= self.max_length:
+            raise ContextLengthError(
+                f"{self.name}: the prompt has {prompt_ids.numel()} tokens but at most {self.max_length - 1} fit "
+                f"(context window {self.max_length}, the KV cache size); shorten the prompt or raise max_cache_len"
+            )
+        return prompt_ids
+
+    def _started_with(self, prompt_length: int) -> None:
+        """The prompt's positions are cached: generation starts after them."""
+        self._prompt_length, self._num_generated, self._started = prompt_length, 0, True
+
+    def _checked_feed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """token_ids as checked token ids that fit after the cached ones (after a prefill)."""
+        if not self._started:
+            raise RuntimeError("call prefill() before extend()")
+        token_ids = checked_token_ids(token_ids, "token_ids", self.vocab_size, self.name)
+        if token_ids.numel() > self.room():
+            raise ContextLengthError(
+                f"{self.name}: feeding {token_ids.numel()} tokens would exceed the context window of {self.max_length} "
+                f"positions (prompt {self._prompt_length}, generated {self._num_generated})"
+            )
+        return token_ids
+
+    def _check_feature_range(self, start: int, end: int) -> None:
+        cached = self._cached()
+        if not self._features_from <= start <= end <= cached:
+            raise ValueError(f"{self.name}: features of positions [{start}, {end}) asked; those of "
+                             f"[{self._features_from}, {cached}) are known")
+
+    def rollback(self, num_generated: int) -> None:
+        """Forget generated tokens beyond the first num_generated: only the length moves, nothing is copied."""
+        if not 0 <= num_generated <= self._num_generated:
+            raise ValueError(f"num_generated must be in [0, {self._num_generated}], got {num_generated}")
+        self._num_generated = num_generated
+
+
+class NativeLM(CachedSequence):
     """A decoder-only `LanguageModel` on a `NativeTransformer` with a static KV cache.
 
     max_length = min(max_position_embeddings, sliding_window, max_cache_len): within a sliding
@@ -147,21 +212,7 @@ class NativeLM:
 
             self._forward = compiled_forward(model)
         self._cache: KVCache = model.new_cache(self.max_length)
-        self._prompt_length = 0
-        self._num_generated = 0
-        self._started = False
-        self._features_from = 0  # features of positions before this one are unknown (see keep_features)
-
-    @property
-    def num_generated(self) -> int:
-        return self._num_generated
-
-    def room(self) -> int:
-        return self.max_length - self._cached()
-
-    def _cached(self) -> int:
-        """Positions whose keys and values are in the cache."""
-        return self._prompt_length + self._num_generated
+        super().__init__()
 
     def _run(self, token_ids: torch.Tensor, start: int, last_only: bool) -> torch.Tensor:
         end = start + token_ids.numel()  # within the cache: prefill and extend check the room first
@@ -171,27 +222,15 @@ class NativeLM:
 
     @torch.inference_mode()
     def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor:
-        prompt_ids = checked_token_ids(prompt_ids, "prompt_ids", self.vocab_size, self.name)
-        if prompt_ids.numel() >= self.max_length:
-            raise ContextLengthError(
-                f"{self.name}: the prompt has {prompt_ids.numel()} tokens but at most {self.max_length - 1} fit "
-                f"(context window {self.max_length}, the KV cache size); shorten the prompt or raise max_cache_len"
-            )
-        self._prompt_length, self._num_generated, self._started = prompt_ids.numel(), 0, True
+        prompt_ids = self._checked_prompt(prompt_ids)
+        self._started_with(prompt_ids.numel())
         self._features_from = 0
         return self._run(prompt_ids, 0, last_only=True)[0]  # [V]
 
     @torch.inference_mode()
     def extend(self, token_ids: torch.Tensor) -> torch.Tensor:
-        if not self._started:
-            raise RuntimeError("call prefill() before extend()")
-        token_ids = checked_token_ids(token_ids, "token_ids", self.vocab_size, self.name)
-        if token_ids.numel() > self.room():
-            raise ContextLengthError(
-                f"{self.name}: feeding {token_ids.numel()} tokens would exceed the context window of {self.max_length} "
-                f"positions (prompt {self._prompt_length}, generated {self._num_generated})"
-            )
-        logits = self._run(token_ids, self._prompt_length + self._num_generated, last_only=False)  # [n, V]
+        token_ids = self._checked_feed(token_ids)
+        logits = self._run(token_ids, self._cached(), last_only=False)  # [n, V]
         self._num_generated += token_ids.numel()
         return logits
 
@@ -212,15 +251,6 @@ class NativeLM:
         """Final-norm outputs [end - start, hidden] (float32) of the cached positions start .. end - 1."""
         if self._cache.features is None:
             raise RuntimeError(f"{self.name}: call keep_features() before the forward passes whose features you need")
-        cached = self._cached()
-        if not self._features_from <= start <= end <= cached:
-            raise ValueError(f"{self.name}: features of positions [{start}, {end}) asked; those of "
-                             f"[{self._features_from}, {cached}) are known")
+        self._check_feature_range(start, end)
         return self._cache.features[start:end].float()
-
-    def rollback(self, num_generated: int) -> None:
-        """Forget generated tokens beyond the first num_generated: only the length moves, nothing is copied."""
-        if not 0 <= num_generated <= self._num_generated:
-            raise ValueError(f"num_generated must be in [0, {self._num_generated}], got {num_generated}")
-        self._num_generated = num_generated
 
