@@ -36,6 +36,10 @@ from pathlib import Path
 import httpx
 from openai import AsyncOpenAI
 
+from specdecode.bench.load_report import load_test_table
+from specdecode.bench.run import machine_description
+from specdecode.timing_cache import cpu_name
+
 ROOT = Path(__file__).resolve().parents[1]
 
 PROMPTS = [  # plain words, so the tiny word-level vocabulary covers them too
@@ -215,8 +219,10 @@ def summarize(references: dict[int, str], report: Report, url: str) -> dict:
     mismatched = [o for o in ok if o.text != references[o.prompt]]
     tokens = sum(o.tokens for o in ok)
     server: dict = {}
-    with contextlib.suppress(httpx.HTTPError, ValueError):
+    health: dict = {}
+    with contextlib.suppress(httpx.HTTPError, ValueError):  # a peer's server has neither: nothing of its own to add
         server = httpx.get(f"{url}/metrics.json", timeout=5).json()
+        health = httpx.get(f"{url}/health", timeout=5).json()
     summary = {
         "requests": len(report.outcomes),
         "ok": len(ok),
@@ -243,6 +249,8 @@ def summarize(references: dict[int, str], report: Report, url: str) -> dict:
             total("specdecode_generation_tokens_per_second", "sum") / rates if rates else None
         )
         summary["server_acceptance_by_position"] = server.get("acceptance_by_position")
+    if health:  # max_batch, and the pass costs P(R) the server timed at start-up to price draft lengths
+        summary["server_health"] = health
     return summary
 
 
@@ -281,8 +289,8 @@ def main(argv: list[str] | None = None) -> int:
                 requests = args.requests or 2 * clients
                 references, report = asyncio.run(run_load(url, args, clients, requests))
                 summary = summarize(references, report, url)
-                summary.update(server=peer or "specdecode serve", max_batch=max_batch, clients=clients,
-                               references=references)
+                summary.update(server=peer or "specdecode serve", backend=None if peer else args.backend,
+                               max_batch=max_batch, clients=clients, references=references)
                 runs.append(summary)
                 print(
                     f"{peer or f'max-batch {max_batch}'}, {clients} clients: {summary['ok']}/{summary['requests']} ok, "
@@ -294,41 +302,18 @@ def main(argv: list[str] | None = None) -> int:
     # every server of ours decoded each prompt alone first: those references must agree across them too
     ours = [r for r in runs if r["server"] == "specdecode serve"]
     alone_differs = [p for p in ours[0]["references"] if len({json.dumps(r["references"][p]) for r in ours}) > 1] if ours else []
-    table = report_table(runs)
-    print(table)
+    table = load_test_table(runs)
+    print(table, end="")
     if alone_differs:
         print(f"prompts whose text decoded alone differs between servers: {alone_differs}", file=sys.stderr)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "results.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
+                                                            "machine": {**machine_description(), "cpu": cpu_name()},
                                                             "runs": runs, "alone_differs": alone_differs}, indent=1))
-        (args.out / "report.md").write_text(table + "\n")
+        (args.out / "report.md").write_text(table)
     failed = any(r["errors"] or r["mismatches"] for r in ours) or alone_differs  # a peer's own are only reported
     return 1 if failed else 0
-
-
-def report_table(runs: list[dict]) -> str:
-    """A markdown row per (server, clients), with the throughput and TTFT over our first server's at those clients."""
-    ours = [r for r in runs if r["server"] == "specdecode serve"] or runs
-    first = {r["clients"]: r for r in ours if r["max_batch"] == ours[0]["max_batch"]}
-    lines = ["| server | clients | requests | errors | mismatches | tokens/s | x first | latency p50 / p95 s "
-             "| TTFT p50 / p95 s | TTFT p95 / first's | tokens per target call |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-
-    def name(run: dict) -> str:
-        return run["server"] if run["server"] != "specdecode serve" else f"--max-batch {run['max_batch'] or 'default'}"
-
-    for r in runs:
-        base = first.get(r["clients"], r)
-        speed = r["tokens_per_s"] / base["tokens_per_s"] if base["tokens_per_s"] else math.nan
-        ttft = r["ttft_p95_s"] / base["ttft_p95_s"] if base["ttft_p95_s"] else math.nan
-        per_call = r.get("server_tokens_per_target_call")
-        lines.append(
-            f"| {name(r)} | {r['clients']} | {r['requests']} | {r['errors']} | {r['mismatches']} | "
-            f"{r['tokens_per_s']:.1f} | {speed:.2f}x | {r['latency_p50_s']:.1f} / {r['latency_p95_s']:.1f} | "
-            f"{r['ttft_p50_s']:.2f} / {r['ttft_p95_s']:.2f} | {ttft:.2f} | "
-            f"{'' if per_call is None else f'{per_call:.2f}'} |")
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from specdecode.bench.prompts import load_prompts
+from specdecode.distill.alpha_table import alpha_table
 from specdecode.distill.eagle import EagleObjective, target_features
 from specdecode.distill.sources import TrainingPrompt
 from specdecode.distill.teacher import generate_responses, load_teacher, native_teacher
@@ -93,19 +94,6 @@ def answers_and_features(target_name: str, prompts_file: Path, out: Path, max_ne
     return data, target, target_features(target, data, out)
 
 
-def table(results: dict[str, dict]) -> str:
-    """Markdown: one row per category (sorted, then all), alpha T=0 / T=1 for each draft."""
-    drafts = list(results)
-    categories = sorted(c for c in next(iter(results.values())) if c != "all") + ["all"]
-    lines = ["| category | positions | " + " | ".join(f"{d} α T=0 | α T=1" for d in drafts) + " |",
-             "|---|---|" + "---|---|" * len(drafts)]
-    for category in categories:
-        first = results[drafts[0]][category]
-        cells = [f"{results[d][category]['alpha_greedy']:.3f} | {results[d][category]['alpha_t1']:.3f}" for d in drafts]
-        lines.append(f"| {category} | {first['positions']} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
 def add_answer_options(parser: argparse.ArgumentParser) -> None:
     """--target, --prompts, --out, --max-new-tokens: what answers_and_features takes."""
     parser.add_argument("--target", default=DEFAULT_TARGET)
@@ -131,7 +119,7 @@ def main(argv: list[str] | None = None) -> dict:
     embedding = target.embed.weight.detach()
     results = {name: score(directory, data, features, embedding, args.batch_tokens, args.depth)
                for name, directory in drafts.items()}
-    report = table(results)
+    report = alpha_table(results)
     print(f"{len(data)} answers to {args.prompts}, {data.num_positions()} positions, draft depth {args.depth}\n\n{report}")
     stem = "alpha" if args.depth == 1 else f"alpha-depth{args.depth}"
     (args.out / f"{stem}.json").write_text(json.dumps(results, indent=2) + "\n")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specdecode.bench import engines
-from specdecode.bench.engines import METHODS, Run, _greedy_check, headline_table, summarize
+from specdecode.bench.engines import METHODS, Run, _greedy_check, headline_table, parse_method, summarize
 
 
 def _results() -> dict:
@@ -107,9 +107,9 @@ def test_the_committed_report_and_readme_tables_come_from_the_committed_results(
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    results = json.loads((root / "docs/benchmarks/xeon-engines/headline/results.json").read_text())
-    table = headline_table(results)
-    assert table in (root / "docs/benchmarks/xeon-engines/headline/report.md").read_text()
+    headline = root / "docs/benchmarks/amd-epyc-avx512-engines/headline"
+    table = headline_table(json.loads((headline / "results.json").read_text()))
+    assert table in (headline / "report.md").read_text()
     assert table in (root / "README.md").read_text()
 
 
@@ -128,3 +128,19 @@ def test_the_speculation_summary_predicts_the_speedup_by_thm_3_8_from_measured_c
     assert out["c"] == pytest.approx(0.1)  # 0.1 s over 10 draft tokens, over T(1) = 0.1 s
     assert out["predicted_speedup"] == pytest.approx(10 / (5 * 1.5 + 10 * 0.1))
     assert out["measured_speedup"] == pytest.approx((10 / 0.85) / (10 / 1.0))
+
+
+def test_every_method_is_warmed_up_untimed_with_a_few_tokens_before_the_timed_runs():
+    class Runner:
+        max_new_tokens = 128
+
+        def __init__(self):
+            self.calls = []
+
+        def run(self, m, ids, temperature, seed):
+            self.calls.append((m.name, self.max_new_tokens, temperature))
+
+    runner, methods = Runner(), [parse_method("llama.cpp"), parse_method("ours native --draft auto")]
+    engines.warm_up(runner, methods, torch.tensor([1, 2, 3]))
+    assert runner.calls == [("llama.cpp", engines.WARM_UP_TOKENS, 0.0), ("ours native --draft auto", engines.WARM_UP_TOKENS, 0.0)]
+    assert runner.max_new_tokens == 128

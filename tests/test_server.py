@@ -181,6 +181,7 @@ def test_models_and_health(served, client):
     assert health.status_code == 200
     assert health.json()["status"] == "ok" and health.json()["model"] == MODEL
     assert health.json()["gamma"] == 4 and health.json()["min_confidence"] == DEFAULT_MIN_CONFIDENCE
+    assert health.json()["max_batch"] == 1 and health.json()["pass_seconds"] is None
 
 
 def test_completion_is_the_greedy_continuation(client, reference, dirs):
@@ -792,6 +793,8 @@ def test_batched_server_streams_concurrent_requests_each_as_decoded_alone(batche
     assert sequences["count"] > 0 and sequences["sum"] / sequences["count"] > 1.5  # passes did batch requests
     assert snapshot["specdecode_queue_length"]["samples"][0]["count"] >= len(PROMPTS)
     assert batched.app.state.engine.pass_costs is not None
+    health = httpx.get(f"{batched.url}/health").json()
+    assert health["max_batch"] == 4 and health["pass_seconds"]["1"] > 0  # what the load test records
 
 
 def test_batched_server_usage_and_a_seeded_sample_alone_or_beside_others(batched):

@@ -45,7 +45,7 @@ PAIRS: dict[str, tuple[DraftDefaults, ...]] = {
     # docs/llamacpp-engine.md), and it needs the features transformers does not give: prompt lookup there.
     "smollm2-135m-instruct": (DraftDefaults("bundled+ngram", engines=("native",)),),
     # The paper's setting: the family's 0.5B drafts for the 1.5B (the same tokenizer), on its fastest engine
-    # ('auto': llama.cpp's Q4_K_M kernels, 37 ms a token here against 87 ms on the native engine in float32).
+    # ('auto': llama.cpp's Q4_K_M kernels; 0.65 of the 1.5B's llama.cpp step, 44 ms a token, in docs/benchmarks/qwen-pair/).
     # Cost-aware draft lengths decide per engine whether it pays: on the native engine (memory-bound) it does;
     # on llama.cpp's CPU kernels, where verifying k tokens costs about 0.4 k single ones more and the 0.5B
     # costs 0.6 of the 1.5B, only prompt lookup does (docs/benchmarks/qwen-pair/).

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping, Sequence
 
-__all__ = ["render"]
+__all__ = ["draft_comparison_table", "render"]
 
 
 def _f(value, spec: str = ".2f", suffix: str = "") -> str:
@@ -301,6 +301,35 @@ def _noise(results: Mapping) -> list[str]:
 def _plots(results: Mapping) -> list[str]:
     plots = results.get("plots") or {}
     return ["## Plots", "", *[f"![{name}]({path})" for name, path in plots.items()], ""] if plots else []
+
+
+def draft_comparison_table(runs: Sequence[Mapping]) -> str:
+    """The category drafts of one or more bench runs side by side, a row per (temperature, draft): pooled α,
+    tokens per call, the median speedup over all prompts, the mean of the per-category medians, and in how many
+    categories each draft's median beats the first draft's, and at T=0 how many runs were token-identical to the
+    target alone. Markdown, from the runs' results.json."""
+    rows = []
+    for results in runs:
+        summary, cfg = results["summary"], results["config"]
+        gamma, drafts = cfg["gamma"], cfg["category_drafts"]
+        for t in cfg["temperatures"]:
+            picked = [r for r in summary["rows"] if r["family"] == "specdecode" and r["gamma"] == gamma
+                      and r["temperature"] == t and r["drafter"] in drafts]
+            overall = {r["drafter"]: r for r in picked if r["scope"] == "overall"}
+            medians = {d: {r["category"]: r["speedup"]["median"] for r in picked
+                           if r["scope"] == "category" and r["drafter"] == d} for d in drafts}
+            first = medians[drafts[0]]
+            for d in drafts:
+                row = overall[d]
+                ahead = sum(medians[d][c] > first[c] for c in first if c in medians[d])
+                rows.append([_t(t), f"`{d}`", gamma, _f(_accept(row, "alpha")), _f(_accept(row, "tokens_per_call")),
+                             f"{_speedup(row['speedup'], full=False)} ({row['speedup']['n']} prompts)",
+                             _f(statistics.mean(medians[d].values()), ".2f", "×"),
+                             "" if d == drafts[0] else f"{ahead} of {len(first)}",
+                             f"{row['identical']} of {row['greedy_runs']}" if row.get("greedy_runs") else ""])
+    header = ["T", "draft", "γ", "α pooled", "τ (tokens per call)", "speedup, median [IQR]",
+              "mean of the category medians", "categories ahead of the first", "greedy identical to the target alone"]
+    return "\n".join(_table(header, rows)) + "\n"
 
 
 def render(results: Mapping) -> str:

@@ -237,6 +237,12 @@ def measure_rss(configs: tuple[str, ...], draft: str, threads: int | None) -> di
 # --------------------------------------------------------------------------- report
 
 
+def from_json(report: dict) -> dict:
+    """A report as read back from --out's JSON, with T(k)'s k as ints again (JSON object keys are strings)."""
+    forward = {name: {int(k): seconds for k, seconds in per_k.items()} for name, per_k in report["forward_seconds"].items()}
+    return {**report, "forward_seconds": forward}
+
+
 def _cell(value, fmt: str = "{:.2f}") -> str:
     return "–" if value is None else fmt.format(value)
 
@@ -509,6 +515,7 @@ def main(argv: list[str] | None = None) -> dict:
     text = markdown(report)
     print(text)
     if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=1))
     if args.markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)

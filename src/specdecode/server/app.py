@@ -148,7 +148,8 @@ def create_app(pipeline: Pipeline, config: ServerConfig = ServerConfig()) -> Fas
         status = "ok" if worker.accepting else "unavailable"
         body = Health(status=status, model=engine.model_id, draft=engine.default_draft, gamma=pipeline.gamma,
                       min_confidence=engine.min_confidence(engine.default_draft),
-                      waiting=worker.waiting, running=worker.running)
+                      waiting=worker.waiting, running=worker.running, max_batch=engine.max_batch,
+                      pass_seconds=None if engine.pass_costs is None else engine.pass_costs.to_dict()["seconds"])
         return JSONResponse(body.model_dump(), status_code=200 if worker.accepting else 503)
 
     @app.get("/metrics", response_class=Response)

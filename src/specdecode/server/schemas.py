@@ -230,7 +230,11 @@ class Health(BaseModel):
     gamma: int
     min_confidence: float | None = Field(description="the draft model's early-end threshold; null for drafts without a model")
     waiting: int = Field(description="requests queued for the model")
-    running: int = Field(description="requests being generated (0 or 1)")
+    running: int = Field(description="requests being generated (up to max_batch)")
+    max_batch: int = Field(description="requests decoded together (1: one at a time)")
+    pass_seconds: dict[str, float] | None = Field(
+        default=None, description="seconds of one batched forward pass by the rows it feeds, timed at start-up "
+                                  "(what draft lengths are priced on); null where requests run one at a time")
 
 
 class ErrorDetail(BaseModel):
