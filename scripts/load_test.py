@@ -36,9 +36,8 @@ from pathlib import Path
 import httpx
 from openai import AsyncOpenAI
 
-from specdecode.bench.load_report import load_test_table
-from specdecode.bench.run import machine_description
-from specdecode.timing_cache import cpu_name
+from specdecode.bench.engines import machine
+from specdecode.bench.load_report import OURS, load_test_table
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -289,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
                 requests = args.requests or 2 * clients
                 references, report = asyncio.run(run_load(url, args, clients, requests))
                 summary = summarize(references, report, url)
-                summary.update(server=peer or "specdecode serve", backend=None if peer else args.backend,
+                summary.update(server=peer or OURS, backend=None if peer else args.backend,
                                max_batch=max_batch, clients=clients, references=references)
                 runs.append(summary)
                 print(
@@ -300,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"tokens in {summary['wall_s']:.1f}s = {summary['tokens_per_s']:.1f} tokens/s",
                     file=sys.stderr)
     # every server of ours decoded each prompt alone first: those references must agree across them too
-    ours = [r for r in runs if r["server"] == "specdecode serve"]
+    ours = [r for r in runs if r["server"] == OURS]
     alone_differs = [p for p in ours[0]["references"] if len({json.dumps(r["references"][p]) for r in ours}) > 1] if ours else []
     table = load_test_table(runs)
     print(table, end="")
@@ -309,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "results.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                                            "machine": {**machine_description(), "cpu": cpu_name()},
+                                                            "machine": machine(),
                                                             "runs": runs, "alone_differs": alone_differs}, indent=1))
         (args.out / "report.md").write_text(table)
     failed = any(r["errors"] or r["mismatches"] for r in ours) or alone_differs  # a peer's own are only reported

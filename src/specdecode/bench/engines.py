@@ -362,7 +362,7 @@ def run_engines_bench(prompts: Sequence[BenchPrompt], out: Path, target: str = D
     _, alone = _baselines(parsed)
     results = {"target": target, "methods": list(methods), "temperatures": list(temperatures),
                "max_new_tokens": max_new_tokens, "threads": threads,
-               "machine": _machine(), "prompts": [],
+               "machine": machine(), "prompts": [],
                "kernel_noise": {group: kernel_noise(runner.pipelines[name].target.model) for group, name in alone.items()},
                "costs": _costs(runner, parsed), "warm_up_tokens": WARM_UP_TOKENS}
     if prompts:
@@ -417,7 +417,8 @@ def _write(results: dict, out: Path) -> None:
     (out / "report.md").write_text(render(results))
 
 
-def _machine() -> dict:
+def machine() -> dict:
+    """The machine as the bench records it: machine_description() and the CPU's model name."""
     from specdecode.bench.run import machine_description
     from specdecode.timing_cache import cpu_name
 

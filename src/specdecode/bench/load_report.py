@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["load_test_table", "runs_of"]
+__all__ = ["OURS", "load_test_table", "runs_of"]
 
 OURS = "specdecode serve"
 
